@@ -1,0 +1,62 @@
+"""The adapter interface and the lookup from a Thunder executor to its adapter.
+
+Written against lightning-thunder 0.2.6: ``FusionExecutor.can_fuse(bsym)`` and
+``FusionExecutor.fuse(region, counter)``, where ``region`` needs ``inputs``/``outputs``
+(Variables) and ``bound_symbols``, as ``thunder.executors.passes._update_fusion_call_ctx`` uses.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from thunder.core.proxies import variableify
+
+__all__ = ["FusionAdapter", "adapter_for", "register_adapter"]
+
+
+@dataclass(frozen=True)
+class _RegionView:
+    inputs: tuple
+    outputs: tuple
+    bound_symbols: tuple
+
+
+def _fusion_counter(name: str) -> int:
+    digits = name[len(name.rstrip("0123456789")) :]
+    return int(digits) if digits else 0
+
+
+class FusionAdapter:
+    """Works for any Thunder FusionExecutor; subclasses add what is specific to one executor."""
+
+    def __init__(self, executor) -> None:
+        self.executor = executor
+
+    def can_fuse(self, bsym) -> bool:
+        """Whether this executor could run ``bsym`` inside one of its regions."""
+        return bool(self.executor.can_fuse(bsym))
+
+    def reemit(self, bsym):
+        """Rebuild a rewritten region through its own executor, keeping its name."""
+        region = _RegionView(
+            inputs=tuple(variableify(p) for p in bsym.flat_proxy_args),
+            outputs=tuple(variableify(p) for p in bsym.flat_proxy_outs),
+            bound_symbols=tuple(bsym.subsymbols),
+        )
+        return self.executor.fuse(region, _fusion_counter(bsym.sym.name))
+
+
+_ADAPTERS: list[tuple[Callable[[object], bool], type[FusionAdapter]]] = []
+
+
+def register_adapter(matches: Callable[[object], bool], adapter_cls: type[FusionAdapter]) -> None:
+    """Adapters registered later win, so a specific adapter can refine the generic one."""
+    _ADAPTERS.insert(0, (matches, adapter_cls))
+
+
+def adapter_for(executor) -> FusionAdapter:
+    for matches, cls in _ADAPTERS:
+        if matches(executor):
+            return cls(executor)
+    return FusionAdapter(executor)

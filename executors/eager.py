@@ -1,0 +1,74 @@
+"""A light fusion executor for fast logic tests and quick runs: regions run eagerly in PyTorch.
+
+It groups symbols exactly like Thunder's torch.compile executor (it reuses that executor's
+fusion pass, written against lightning-thunder 0.2.6) but a region's body is executed by Thunder's
+plain torch executor instead of being compiled by Inductor, so building one costs milliseconds.
+"""
+
+from __future__ import annotations
+
+import torch
+from thunder.core import prims
+from thunder.core.codeutils import SigInfo
+from thunder.core.proxies import unvariableify
+from thunder.core.symbol import BoundSymbol, Symbol
+from thunder.core.trace import TraceCtx, tracectx
+from thunder.executors.passes import transform_for_execution
+from thunder.executors.torch_compile import TorchCompileExecutor
+from thunder.executors.torchex import ex as pytorch_ex
+from thunder.executors.torchex import no_autocast
+from thunder.extend import ImplInfo
+
+__all__ = ["EagerFusionExecutor", "eager_fusion_ex"]
+
+
+class _LazyRegion:
+    """Builds the region's Python callable on first call, so re-emitting a region stays cheap."""
+
+    def __init__(self, bsyms, inputs, outputs) -> None:
+        self._parts = (bsyms, inputs, outputs)
+        self._fn = None
+
+    def __call__(self, *args):
+        if self._fn is None:
+            self._fn = _region_callable(*self._parts)
+        return self._fn(*args)
+
+
+def _region_callable(bsyms, inputs, outputs):
+    region = TraceCtx(None)
+    region.args = list(inputs)
+    region.kwargs = {}
+    region.names = {a.name for a in inputs}
+    with tracectx(region):
+        for a in inputs:
+            prims.unpack_trivial(a, name=a.name)
+    region.bound_symbols += list(bsyms)
+    region.bound_symbols.append(prims.python_return.bind(list(outputs), output=None))
+    for bsym in bsyms:
+        for sub in (bsym, *bsym.subsymbols):
+            for o in sub.flat_proxy_outs:
+                if o.name not in region.names:
+                    region.add_name(o.name)
+    region._siginfo = SigInfo("eager_region")
+    region._siginfo.args = [(a.name, None) for a in inputs]
+    fn = transform_for_execution(region, executors_list=(pytorch_ex,)).python_callable(include_decorators=False)
+    return torch.no_grad()(no_autocast(fn))
+
+
+class EagerFusionExecutor(TorchCompileExecutor):
+    """Fusion regions named ``EagerFusion<n>``, executed op by op."""
+
+    def fuse(self, region, fusion_counter: int) -> BoundSymbol:
+        inputs = [unvariableify(x) for x in region.inputs]
+        outputs = [unvariableify(x) for x in region.outputs]
+        name = f"EagerFusion{fusion_counter}"
+        sym = Symbol(name, meta=None, is_fusion=True, executor=self)
+        return BoundSymbol(
+            sym, tuple(inputs), {}, tuple(outputs), tuple(region.bound_symbols),
+            _call_ctx={name: _LazyRegion(tuple(region.bound_symbols), inputs, outputs)},
+        )
+
+
+eager_fusion_ex = EagerFusionExecutor(name="remat_eager")
+eager_fusion_ex._implmap = {op: ImplInfo() for op in pytorch_ex.implmap}

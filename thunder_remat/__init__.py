@@ -1,0 +1,31 @@
+"""thunder_remat: rematerialization for Lightning Thunder with min cuts on igraph flow networks.
+
+Importing the package registers the ``remat`` plugin and compile options with Thunder.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from thunder_remat.config import RematConfig
+from thunder_remat.plugin import Remat, RematFusionExecutor, RematTransform, last_pair_pass
+
+__all__ = ["RematConfig", "Remat", "RematTransform", "RematFusionExecutor", "last_pair_pass", "__version__"]
+__version__ = "0.1.0"
+
+logging.getLogger(__name__).addHandler(logging.NullHandler())
+
+
+def _install() -> None:
+    import thunder.plugins
+
+    from thunder_remat.executors import nvfuser, pipeline, torch_compile
+    from thunder_remat.plugin import executor_for_compilation, is_remat_executor
+
+    torch_compile.install()
+    nvfuser.install()
+    pipeline.install(executor_for_compilation, is_remat_executor)
+    thunder.plugins.register_plugin("remat", Remat)
+
+
+_install()

@@ -1,0 +1,72 @@
+"""The one options record of thunder_remat, validated once at the plugin boundary."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields, replace
+from typing import Any
+
+__all__ = ["RematConfig", "COMPILE_OPTIONS", "config_from_options"]
+
+_BOOLS = (True, False)
+
+
+@dataclass(frozen=True)
+class RematConfig:
+    """What thunder_remat does for one compilation.
+
+    Build it with keyword arguments or :func:`config_from_options`; both validate.
+    """
+
+    #: Master switch: with False nothing of thunder_remat runs and Thunder behaves as without the plugin.
+    enabled: bool = True
+    #: Run the producer/consumer fusion-pair pass (min cut per pair of fusion regions).
+    fusion_pairs: bool = True
+    #: Discount applied to the capacity of a producer *input* that the consumer would have to start
+    #: reading: the tensor already lives in memory, passing it on only extends its lifetime.
+    producer_input_discount: float = 0.5
+
+    def __post_init__(self) -> None:
+        for name in ("enabled", "fusion_pairs"):
+            _check_choice(name, getattr(self, name), _BOOLS)
+        d = self.producer_input_discount
+        if isinstance(d, bool) or not isinstance(d, (int, float)) or not 0.0 <= float(d) <= 1.0:
+            raise ValueError(
+                f"thunder_remat option 'remat_producer_input_discount' must be a number in [0, 1], got {d!r}"
+            )
+
+
+def _check_choice(name: str, value: Any, allowed: tuple) -> None:
+    if not any(value is a or (type(value) is type(a) and value == a) for a in allowed):
+        raise ValueError(
+            f"thunder_remat option {_option_name(name)!r} must be one of {list(allowed)}, got {value!r}"
+        )
+
+
+def _option_name(field_name: str) -> str:
+    return "remat" if field_name == "enabled" else f"remat_{field_name}"
+
+
+#: compile option name -> (config field, description shown by thunder.last_compile_options)
+COMPILE_OPTIONS: dict[str, tuple[str, str]] = {
+    _option_name(f.name): (f.name, f"thunder_remat: {f.name.replace('_', ' ')}") for f in fields(RematConfig)
+}
+COMPILE_OPTIONS["remat"] = ("enabled", "thunder_remat: turn the rematerialization plugin on (True) or off (False)")
+
+
+def config_from_options(base: RematConfig | None, options: dict[str, Any]) -> RematConfig:
+    """Overlay compile options (``remat=...``, ``remat_*=...``) on ``base``.
+
+    Options left at None keep the base value. Unknown ``remat_*`` names are rejected so a typo
+    never silently does nothing.
+    """
+    base = base if base is not None else RematConfig(enabled=False)
+    changes: dict[str, Any] = {}
+    for option, value in options.items():
+        if value is None:
+            continue
+        if option not in COMPILE_OPTIONS:
+            raise ValueError(
+                f"unknown thunder_remat option {option!r}; allowed options are {sorted(COMPILE_OPTIONS)}"
+            )
+        changes[COMPILE_OPTIONS[option][0]] = value
+    return replace(base, **changes) if changes else base

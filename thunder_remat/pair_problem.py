@@ -1,0 +1,128 @@
+"""Analysis: turn one producer/consumer pair of fusion regions into a plain ``PairProblem``.
+
+This is the only stage of the pair pass that reads bound symbols; everything after it works on
+names and byte counts.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Collection
+from dataclasses import dataclass
+
+from thunder.core.prims import OpTags
+from thunder.core.symbol import gather_tags
+
+from thunder_remat.cost import value_bytes
+
+__all__ = ["PairProblem", "build_pair_problem", "KEEP_IN_PRODUCER_TAGS"]
+
+#: Ops whose outputs are never recomputed by a consumer region: recomputing a random op gives
+#: different numbers, a reduction or matmul costs far more than reading its (smaller) result.
+KEEP_IN_PRODUCER_TAGS = {
+    OpTags.RANDOM_OP: "random op",
+    OpTags.REDUCTION_OP: "reduction",
+    OpTags.MATMUL_OP: "matmul",
+    OpTags.DONT_RECOMPUTE_IN_BACKWARD: "tagged DONT_RECOMPUTE_IN_BACKWARD",
+    OpTags.IN_PLACE: "in-place op",
+    OpTags.DEVICE_SYNC_OP: "device sync op",
+}
+
+
+@dataclass(frozen=True)
+class PairProblem:
+    """The producer's dataflow and what the consumer needs from it, as names and bytes.
+
+    ``values`` lists the producer's inputs first, then every value its body defines, in order.
+    ``ops`` holds each body op as (input names, output names), restricted to ``values``.
+    """
+
+    producer: str
+    consumer: str
+    values: tuple[str, ...]
+    nbytes: tuple[int, ...]
+    ops: tuple[tuple[tuple[str, ...], tuple[str, ...]], ...]
+    producer_inputs: frozenset[str]
+    #: value -> why it must be computed by the producer (attached to the source)
+    pinned: dict[str, str]
+    #: values that may cross at no cost (the producer emits them anyway, or the consumer reads them already)
+    free: frozenset[str]
+    #: values that may not cross at all (mutated in place later in the trace)
+    frozen: frozenset[str]
+    #: producer outputs the consumer reads today
+    needed: tuple[str, ...]
+    producer_input_discount: float = 0.5
+
+    def size(self, name: str) -> int:
+        return self.nbytes[self.values.index(name)]
+
+
+def build_pair_problem(
+    producer,
+    consumer,
+    *,
+    external_outputs: Collection[str],
+    mutated: Collection[str],
+    consumer_can_fuse: Callable[[object], bool],
+    same_executor: bool,
+    producer_input_discount: float,
+) -> PairProblem:
+    """Describe the pair ``producer -> consumer`` (two fusion bound symbols) as plain data."""
+    names: list[str] = []
+    sizes: list[int] = []
+    seen: set[str] = set()
+
+    def add(proxy) -> None:
+        if proxy.name not in seen:
+            seen.add(proxy.name)
+            names.append(proxy.name)
+            sizes.append(value_bytes(proxy))
+
+    for proxy in producer.flat_proxy_args:
+        add(proxy)
+    producer_inputs = frozenset(names)
+
+    pinned: dict[str, str] = {}
+    ops = []
+    for bsym in producer.subsymbols:
+        outs = bsym.flat_proxy_outs
+        for proxy in outs:
+            add(proxy)
+        ins = tuple(dict.fromkeys(p.name for p in bsym.flat_proxy_args if p.name in seen))
+        ops.append((ins, tuple(p.name for p in outs)))
+        reason = _keep_in_producer_reason(bsym)
+        if reason is None and not same_executor and not consumer_can_fuse(bsym):
+            reason = "consumer's executor cannot fuse it"
+        if reason is not None:
+            for proxy in outs:
+                pinned.setdefault(proxy.name, reason)
+
+    consumer_reads = {p.name for p in consumer.flat_proxy_args}
+    producer_outputs = [p.name for p in producer.flat_proxy_outs]
+    for name in producer_outputs:
+        if name in external_outputs:
+            pinned.setdefault(name, "needed outside this pair")
+    needed = tuple(n for n in producer_outputs if n in consumer_reads)
+    free = frozenset(n for n in names if n in external_outputs or (n in producer_inputs and n in consumer_reads))
+    frozen = frozenset(n for n in names if n in mutated)
+
+    return PairProblem(
+        producer=producer.sym.name,
+        consumer=consumer.sym.name,
+        values=tuple(names),
+        nbytes=tuple(sizes),
+        ops=tuple(ops),
+        producer_inputs=producer_inputs,
+        pinned=pinned,
+        free=free,
+        frozen=frozen,
+        needed=needed,
+        producer_input_discount=producer_input_discount,
+    )
+
+
+def _keep_in_producer_reason(bsym) -> str | None:
+    tags = gather_tags(bsym)
+    for tag, reason in KEEP_IN_PRODUCER_TAGS.items():
+        if tag in tags:
+            return reason
+    return None

@@ -1,0 +1,120 @@
+"""The plugin boundary: how a Thunder user turns thunder_remat on, and where options are read.
+
+Three ways in, one behaviour:
+
+* ``thunder.jit(fn, remat=True, remat_...=...)``: compile options, read with Thunder's
+  ``get_compile_option`` so ``thunder.last_compile_options`` lists them;
+* ``thunder.jit(fn, transforms=[RematTransform(...)])`` or ``executors=[..., RematFusionExecutor(...)]``;
+* ``thunder.compile(fn, plugins="remat")`` or ``plugins=[Remat(...)]``.
+
+The options are merged into one validated ``RematConfig`` per compilation (compile options win
+over the transform's), and a ``RematFusionExecutor`` carrying it runs after every other fusion
+executor on the joint forward+backward trace.
+"""
+
+from __future__ import annotations
+
+from thunder.core.compile_data import get_compile_data, get_compile_option
+from thunder.core.recipe import Plugin, PluginPolicy
+from thunder.core.trace import TraceProvenance, from_trace
+from thunder.core.transforms import Transform
+from thunder.extend import FusionExecutor
+
+from thunder_remat.config import COMPILE_OPTIONS, RematConfig, config_from_options
+from thunder_remat.executors import adapter_for
+from thunder_remat.executors.pipeline import record_provenance
+from thunder_remat.fusion_pairs import PairPassResult, rematerialize_fusion_pairs
+
+__all__ = ["RematFusionExecutor", "RematTransform", "Remat", "resolve_config", "last_pair_pass"]
+
+EXECUTOR_NAME = "thunder_remat"
+
+
+class RematFusionExecutor(FusionExecutor):
+    """Claims no operation; its fusion pass rewrites the pairs of regions other executors made."""
+
+    def __init__(self, config: RematConfig | None = None) -> None:
+        super().__init__(EXECUTOR_NAME)
+        self.config = config if config is not None else RematConfig()
+        self.last_trace = None
+
+    def fusion_pass(self, trace):
+        if not (self.config.enabled and self.config.fusion_pairs):
+            return trace
+        result = rematerialize_fusion_pairs(trace, self.config, adapter_for=adapter_for, finalize=_finalize)
+        new = result.trace
+        if new is trace:
+            new = from_trace(trace)
+            new.bound_symbols = list(trace.bound_symbols)
+        new.set_provenance(TraceProvenance(result.provenance()))
+        new._thunder_remat_pairs = result
+        self.last_trace = new
+        record_provenance(result.provenance())
+        cd = get_compile_data()
+        if cd is not None:
+            cd._thunder_remat_pair_result = result
+        return new
+
+
+def _finalize(trace, bsyms):
+    """The rewritten trace; a producer left with no outputs is dropped (nothing else became dead)."""
+    new = from_trace(trace)
+    new.bound_symbols = [b for b in bsyms if not (b.sym.is_fusion and not b.flat_proxy_outs)]
+    return new
+
+
+class RematTransform(Transform):
+    """Carries a ``RematConfig`` into ``thunder.jit(transforms=[...])``."""
+
+    def __init__(self, config: RematConfig | None = None, **options) -> None:
+        self.config = _config_from_arguments(config, options)
+
+
+class Remat(Plugin):
+    """``thunder.compile(model, plugins=[Remat(...)])``; registered as ``plugins="remat"``."""
+
+    policy = PluginPolicy.POST
+
+    def __init__(self, config: RematConfig | None = None, **options) -> None:
+        self.config = _config_from_arguments(config, options)
+
+    def setup_transforms(self):
+        return [RematTransform(self.config)]
+
+
+def _config_from_arguments(config: RematConfig | None, options: dict) -> RematConfig:
+    """Keyword arguments use the compile-option names without the ``remat_`` prefix."""
+    if config is not None and not isinstance(config, RematConfig):
+        raise TypeError(f"thunder_remat: config must be a RematConfig, got {type(config).__name__}")
+    prefixed = {("remat" if k == "enabled" else f"remat_{k}"): v for k, v in options.items()}
+    return config_from_options(config if config is not None else RematConfig(), prefixed)
+
+
+def resolve_config(executors_list=()) -> RematConfig:
+    """The config for the compilation in progress: transform or executor first, compile options on top."""
+    base = None
+    cd = get_compile_data()
+    for transform in getattr(cd, "transforms", None) or ():
+        if isinstance(transform, RematTransform):
+            base = transform.config
+    for ex in executors_list:
+        if isinstance(ex, RematFusionExecutor):
+            base = ex.config
+    options = {name: get_compile_option(name, desc) for name, (_, desc) in COMPILE_OPTIONS.items()}
+    return config_from_options(base, options)
+
+
+def executor_for_compilation(executors_list) -> RematFusionExecutor | None:
+    config = resolve_config(executors_list)
+    return RematFusionExecutor(config) if config.enabled else None
+
+
+def is_remat_executor(ex) -> bool:
+    return isinstance(ex, RematFusionExecutor)
+
+
+def last_pair_pass(jitted) -> PairPassResult | None:
+    """What the fusion-pair pass did in the latest compilation of ``jitted`` (None if it did not run)."""
+    import thunder
+
+    return getattr(thunder.compile_data(jitted), "_thunder_remat_pair_result", None)

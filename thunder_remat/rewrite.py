@@ -1,0 +1,135 @@
+"""Rewrite stage of the pair pass: the only module that builds new bound symbols.
+
+Given a ``PairPlan``, the producer emits what the consumer is handed plus what others need, and
+the consumer gets the producer ops it must recompute, prepended to its body in producer order.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection
+from dataclasses import dataclass
+
+from thunder.core.prims import OpTags
+from thunder.core.symbol import has_tags
+
+from thunder_remat.cost import value_bytes
+from thunder_remat.flow_graph import PairPlan
+
+__all__ = ["RewriteError", "RewrittenPair", "rewrite_pair", "check_region_closed"]
+
+
+class RewriteError(RuntimeError):
+    """A plan could not be applied; the pair is left as it was."""
+
+
+@dataclass(frozen=True)
+class RewrittenPair:
+    producer: object
+    consumer: object
+    #: bytes the consumer read from the producer before and after (outputs and newly read inputs)
+    bytes_before: int
+    bytes_after: int
+    handed_over: tuple[str, ...]
+    recomputed: tuple[str, ...]
+
+
+_NEVER_DROP = {OpTags.DONT_DCE, OpTags.IN_PLACE, OpTags.RANDOM_OP}
+
+
+def rewrite_pair(producer, consumer, plan: PairPlan, *, external_outputs: Collection[str], pinned: Collection[str]):
+    """Apply ``plan`` to the fusion bound symbols ``producer`` and ``consumer``."""
+    proxies = {p.name: p for p in producer.flat_proxy_args}
+    defined_by: dict[str, int] = {}
+    for i, bsym in enumerate(producer.subsymbols):
+        for p in bsym.flat_proxy_outs:
+            proxies.setdefault(p.name, p)
+            defined_by.setdefault(p.name, i)
+    producer_inputs = {p.name for p in producer.flat_proxy_args}
+    producer_outputs = [p.name for p in producer.flat_proxy_outs]
+    consumer_args = [p.name for p in consumer.flat_proxy_args]
+    needed = [n for n in producer_outputs if n in set(consumer_args)]
+    needed_set = set(needed)
+
+    available = set(plan.transferred) | producer_inputs
+    recompute_ops: set[int] = set()
+    handed: set[str] = set()
+    stack = list(needed)
+    visited: set[str] = set()
+    while stack:
+        name = stack.pop()
+        if name in visited:
+            continue
+        visited.add(name)
+        if name in available:
+            handed.add(name)
+            continue
+        if name not in defined_by:
+            raise RewriteError(f"{name} is neither handed over nor defined by {producer.sym.name}")
+        if name in pinned:
+            raise RewriteError(f"plan would recompute {name}, which must stay in {producer.sym.name}")
+        op = defined_by[name]
+        if op not in recompute_ops:
+            recompute_ops.add(op)
+            stack.extend(p.name for p in producer.subsymbols[op].flat_proxy_args)
+
+    if not recompute_ops:
+        size = sum(value_bytes(proxies[n]) for n in needed)
+        return RewrittenPair(producer, consumer, size, size, tuple(needed), ())
+
+    recomputed_ops = [producer.subsymbols[i] for i in sorted(recompute_ops)]
+    consumer_names = set(consumer_args)
+    order = {n: i for i, n in enumerate(proxies)}
+    new_inputs = sorted(handed - consumer_names, key=order.__getitem__)
+    new_args = [p for p in consumer.flat_proxy_args if p.name in handed or p.name not in needed_set]
+    new_args += [proxies[n] for n in new_inputs]
+    new_consumer = consumer.from_bsym(args=tuple(new_args), subsymbols=(*recomputed_ops, *consumer.subsymbols))
+
+    keep = [n for n in producer_outputs if n in external_outputs]
+    keep += sorted((handed - producer_inputs) - set(keep), key=order.__getitem__)
+    new_producer = producer.from_bsym(
+        output=tuple(proxies[n] for n in keep),
+        subsymbols=_live_subsymbols(producer.subsymbols, keep),
+    )
+
+    before = sum(value_bytes(proxies[n]) for n in needed)
+    after = sum(value_bytes(proxies[n]) for n in new_inputs) + sum(value_bytes(proxies[n]) for n in needed if n in handed)
+    check_region_closed(new_producer)
+    check_region_closed(new_consumer)
+    return RewrittenPair(
+        new_producer,
+        new_consumer,
+        before,
+        after,
+        tuple(sorted(handed, key=order.__getitem__)),
+        tuple(n for i in sorted(recompute_ops) for n in (p.name for p in producer.subsymbols[i].flat_proxy_outs)),
+    )
+
+
+def _live_subsymbols(subsymbols, outputs: Collection[str]) -> tuple:
+    """Drop body ops whose results nothing in ``outputs`` depends on (ops with effects stay)."""
+    live = set(outputs)
+    kept = []
+    for bsym in reversed(subsymbols):
+        outs = {p.name for p in bsym.flat_proxy_outs}
+        if outs & live or not outs or has_tags(bsym, _NEVER_DROP):
+            kept.append(bsym)
+            live.update(p.name for p in bsym.flat_proxy_args)
+    return tuple(reversed(kept))
+
+
+def check_region_closed(region) -> None:
+    """Every value the region's body reads is one of its inputs or defined earlier in the body,
+    every value is defined once, and every output is defined."""
+    known = {p.name for p in region.flat_proxy_args}
+    for bsym in region.subsymbols:
+        for p in bsym.flat_proxy_args:
+            if p.name not in known:
+                raise RewriteError(f"{region.sym.name} reads {p.name} before it is defined")
+        reads = {p.name for p in bsym.flat_proxy_args}
+        for p in bsym.flat_proxy_outs:
+            if p.name in known and p.name not in reads:
+                raise RewriteError(f"{region.sym.name} defines {p.name} twice")
+            known.add(p.name)
+    for p in region.flat_proxy_outs:
+        if p.name not in known:
+            raise RewriteError(f"{region.sym.name} returns {p.name}, which its body never defines")
