@@ -19,7 +19,7 @@ from thunder.executors.torchex import ex as pytorch_ex
 from thunder.executors.torchex import no_autocast
 from thunder.extend import ImplInfo
 
-__all__ = ["EagerFusionExecutor", "eager_fusion_ex"]
+__all__ = ["EagerFusionExecutor", "eager_fusion_ex", "make_eager_executor"]
 
 
 class _LazyRegion:
@@ -70,5 +70,16 @@ class EagerFusionExecutor(TorchCompileExecutor):
         )
 
 
-eager_fusion_ex = EagerFusionExecutor(name="remat_eager")
-eager_fusion_ex._implmap = {op: ImplInfo() for op in pytorch_ex.implmap}
+def make_eager_executor(name: str = "remat_eager", *, exclude=()) -> EagerFusionExecutor:
+    """An eager fusion executor that fuses every torch op except those in ``exclude`` (op ids).
+
+    Excluding ops splits the program into several regions, which is how tests get many pairs
+    and cross-executor pairs without Inductor compiles.
+    """
+    ex = EagerFusionExecutor(name=name)
+    excluded = set(exclude)
+    ex._implmap = {op: ImplInfo() for op in pytorch_ex.implmap if op not in excluded}
+    return ex
+
+
+eager_fusion_ex = make_eager_executor()

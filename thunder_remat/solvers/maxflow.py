@@ -52,16 +52,40 @@ class CutResult:
 def min_cut(network: FlowNetwork) -> CutResult:
     """Solve the minimum cut; an infinite value means source and sink cannot be separated.
 
-    Infinite capacities are replaced by a finite bound larger than every finite cut, so the
-    solver never does arithmetic on ``inf``; a cut reaching that bound is reported as infinite.
+    Among equally cheap cuts this returns the one with the largest source side (every node that
+    cannot reach the sink in the residual graph), so ties are broken toward handing values over
+    rather than recomputing them, and the answer does not depend on the solver's internals.
+    Infinite capacities become a finite bound larger than every finite cut, so the solver never
+    does arithmetic on ``inf``; a cut reaching that bound is reported as infinite.
     """
     finite_total = sum(c for c in network.capacities if math.isfinite(c))
     unbounded = 2.0 * finite_total + 1.0
     capacities = [c if math.isfinite(c) else unbounded for c in network.capacities]
     graph = igraph.Graph(n=network.num_nodes, edges=list(network.edges), directed=True)
-    cut = graph.mincut(source=network.source, target=network.sink, capacity=capacities)
-    value = float(cut.value)
-    source_side = frozenset(cut.partition[0]) if network.source in cut.partition[0] else frozenset(cut.partition[1])
+    flow = graph.maxflow(network.source, network.sink, capacity=capacities)
+    value = float(flow.value)
+    tolerance = 1e-9 * max(1.0, unbounded)
+
+    # Nodes that can still reach the sink through edges with spare capacity (or flow to undo).
+    reaches_sink = [False] * network.num_nodes
+    into: list[list[int]] = [[] for _ in range(network.num_nodes)]
+    for (u, v), cap, f in zip(network.edges, capacities, flow.flow):
+        if cap - f > tolerance:
+            into[v].append(u)
+        if f > tolerance:
+            into[u].append(v)
+    reaches_sink[network.sink] = True
+    stack = [network.sink]
+    while stack:
+        node = stack.pop()
+        for prev in into[node]:
+            if not reaches_sink[prev]:
+                reaches_sink[prev] = True
+                stack.append(prev)
+    source_side = frozenset(i for i in range(network.num_nodes) if not reaches_sink[i])
+    cut_edges = tuple(
+        i for i, (u, v) in enumerate(network.edges) if u in source_side and v not in source_side
+    )
     if value >= unbounded:
-        return CutResult(math.inf, source_side, tuple(sorted(cut.cut)))
-    return CutResult(value, source_side, tuple(sorted(cut.cut)))
+        return CutResult(math.inf, source_side, cut_edges)
+    return CutResult(value, source_side, cut_edges)

@@ -1,0 +1,83 @@
+"""Small helpers shared by the tests: running a function with and without thunder_remat."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import networkx as nx
+import thunder
+import torch
+
+import thunder_remat
+from thunder_remat.measure import saved_for_backward
+
+
+@dataclass
+class Run:
+    jitted: object
+    outputs: tuple
+    grads: tuple
+    saved_bytes: int
+    saved_count: int
+
+
+def run(fn, args, *, executors, seed=None, **options) -> Run:
+    """jit ``fn``, run forward (measuring saved tensors) and backward of a sum-of-squares loss."""
+    args = tuple(a.detach().clone().requires_grad_(a.requires_grad) for a in args)
+    jitted = thunder.jit(fn, executors=executors, **options)
+    if seed is not None:
+        torch.manual_seed(seed)
+    out, saved = saved_for_backward(jitted, *args)
+    outs = out if isinstance(out, tuple) else (out,)
+    sum(o.float().pow(2).sum() for o in outs).backward()
+    grads = tuple(a.grad for a in args if a.requires_grad)
+    return Run(jitted, tuple(o.detach() for o in outs), grads, saved.nbytes, saved.count)
+
+
+def assert_same_numbers(a: Run, b: Run, *, exact: bool = False) -> None:
+    for x, y in zip(a.outputs + a.grads, b.outputs + b.grads):
+        if exact:
+            assert torch.equal(x, y)
+        else:
+            torch.testing.assert_close(x, y, atol=1e-5, rtol=1e-4)
+
+
+def saved_names(jitted) -> list[str]:
+    """Names of the tensors the forward trace returns for backward."""
+    fw = thunder.last_traces(jitted)[-1]
+    flat, _ = thunder.core.pytree.tree_flatten(fw.output[1])
+    return sorted(p.name for p in flat if isinstance(p, thunder.core.proxies.TensorProxy))
+
+
+def fusion_regions(trace) -> dict[str, tuple[list[str], list[str], list[str]]]:
+    """region name -> (input names, output names, names of ops in its body)."""
+    return {
+        f"{b.sym.executor.name}:{b.sym.name}": ([p.name for p in b.flat_proxy_args], [p.name for p in b.flat_proxy_outs], [s.sym.name for s in b.subsymbols])
+        for b in trace.bound_symbols
+        if b.sym.is_fusion
+    }
+
+
+def networkx_cut_value(network) -> float:
+    """A second solver for the cut value: networkx on the same FlowNetwork (parallel edges summed)."""
+    caps: dict[tuple[int, int], float] = {}
+    for edge, cap in zip(network.edges, network.capacities):
+        caps[edge] = caps.get(edge, 0.0) + cap
+    g = nx.DiGraph()
+    g.add_nodes_from(range(network.num_nodes))
+    for (u, v), cap in caps.items():
+        if cap == float("inf"):
+            g.add_edge(u, v)  # no capacity attribute: networkx treats it as infinite
+        else:
+            g.add_edge(u, v, capacity=cap)
+    try:
+        value, _ = nx.minimum_cut(g, network.source, network.sink)
+    except nx.NetworkXUnbounded:
+        return float("inf")
+    return float(value)
+
+
+def last_pairs(jitted):
+    result = thunder_remat.last_pair_pass(jitted)
+    assert result is not None, "thunder_remat's pair pass did not run"
+    return result

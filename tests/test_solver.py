@@ -1,0 +1,117 @@
+"""The igraph min cut against networkx, and the pair network's decisions on hand-made problems."""
+
+import math
+import random
+
+import pytest
+
+from helpers import networkx_cut_value
+from thunder_remat.flow_graph import Side, Terminal, ValueNode, build_network, solve_pair
+from thunder_remat.pair_problem import PairProblem
+from thunder_remat.solvers import FlowNetwork, min_cut
+
+
+def random_network(rng: random.Random) -> FlowNetwork:
+    n = rng.randint(3, 12)
+    edges, caps = [], []
+    for _ in range(rng.randint(n, 4 * n)):
+        u, v = rng.sample(range(n), 2)
+        edges.append((u, v))
+        caps.append(math.inf if rng.random() < 0.15 else float(rng.randint(0, 20)))
+    return FlowNetwork(n, tuple(edges), tuple(caps), 0, n - 1)
+
+
+@pytest.mark.parametrize("seed", range(60))
+def test_cut_value_equals_networkx(seed):
+    network = random_network(random.Random(seed))
+    cut = min_cut(network)
+    expected = networkx_cut_value(network)
+    if math.isinf(expected):
+        assert math.isinf(cut.value)
+    else:
+        assert cut.value == pytest.approx(expected)
+        crossing = sum(
+            network.capacities[i]
+            for i, (u, v) in enumerate(network.edges)
+            if u in cut.source_side and v not in cut.source_side
+        )
+        assert crossing == pytest.approx(cut.value)
+    assert network.source in cut.source_side and network.sink not in cut.source_side
+
+
+def test_flow_network_rejects_bad_input():
+    with pytest.raises(ValueError, match="one capacity per edge"):
+        FlowNetwork(2, ((0, 1),), (), 0, 1)
+    with pytest.raises(ValueError, match="outside"):
+        FlowNetwork(2, ((0, 5),), (1.0,), 0, 1)
+    with pytest.raises(ValueError, match="non-negative"):
+        FlowNetwork(2, ((0, 1),), (-1.0,), 0, 1)
+    with pytest.raises(ValueError, match="differ"):
+        FlowNetwork(2, ((0, 1),), (1.0,), 0, 0)
+
+
+def chain_problem(**overrides) -> PairProblem:
+    """x (input, 64 B) -> a (64 B) -> b (64 B) -> c (16 B, e.g. a narrowing cast); consumer reads b and c."""
+    base = dict(
+        producer="P",
+        consumer="C",
+        values=("x", "a", "b", "c"),
+        nbytes=(64, 64, 64, 16),
+        ops=((("x",), ("a",)), (("a",), ("b",)), (("b",), ("c",))),
+        producer_inputs=frozenset({"x"}),
+        pinned={},
+        free=frozenset(),
+        frozen=frozenset(),
+        needed=("b", "c"),
+    )
+    base.update(overrides)
+    return PairProblem(**base)
+
+
+def test_pointwise_chain_is_recomputed_from_the_input():
+    _, cut, plan = solve_pair(chain_problem())
+    assert cut.value == 32  # x at half price beats b (64) or b + c (80)
+    assert plan.transferred == ("x",)
+    assert plan.recomputed == ("a", "b", "c")
+
+
+def test_pinned_value_stays_in_producer():
+    _, cut, plan = solve_pair(chain_problem(pinned={"a": "random op"}, nbytes=(64, 64, 128, 16)))
+    assert plan.transferred == ("a",)
+    assert plan.recomputed == ("b", "c")
+    assert cut.value == 64
+
+
+def test_ties_prefer_handing_over_to_recomputing():
+    # a and b cost the same; handing b over recomputes only c
+    _, cut, plan = solve_pair(chain_problem(pinned={"a": "random op"}))
+    assert cut.value == 64
+    assert plan.transferred == ("b",)
+    assert plan.recomputed == ("c",)
+
+
+def test_free_value_crosses_at_no_cost():
+    _, cut, plan = solve_pair(chain_problem(free=frozenset({"b"}), pinned={"b": "needed outside this pair"}))
+    assert cut.value == 0
+    assert plan.transferred == ("b",)
+    assert plan.recomputed == ("c",)
+
+
+def test_mutated_input_cannot_be_reread():
+    _, cut, plan = solve_pair(chain_problem(frozen=frozenset({"x"})))
+    assert plan.transferred == ("b",)  # ties with a at 64 bytes; b recomputes less
+    assert cut.value == 64
+
+
+def test_infinite_cut_changes_nothing():
+    problem = chain_problem(frozen=frozenset({"x", "a", "b", "c"}))
+    _, cut, plan = solve_pair(problem)
+    assert math.isinf(cut.value)
+    assert not plan.changes_anything
+
+
+def test_network_nodes_are_typed():
+    net = build_network(chain_problem())
+    assert net.nodes[:2] == (Terminal.SOURCE, Terminal.SINK)
+    assert ValueNode("b", Side.OUT) in net.nodes
+    assert net.network.num_nodes == 2 + 2 * 4
