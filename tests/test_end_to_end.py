@@ -1,0 +1,45 @@
+"""End to end with Thunder's real torch.compile (Inductor) executor on small built-in models.
+
+Gradients must equal the run without thunder_remat (Thunder's built-in pass), and the bytes a real
+forward saves for backward (saved_tensors_hooks) must be no more than with Thunder's pass.
+Inductor compiles on CPU take seconds, so each model is compiled once per mode and shared.
+"""
+
+import pytest
+import thunder
+import torch
+from thunder.executors.torch_compile import torch_compile_ex
+
+from helpers import last_pairs
+from thunder_remat.measure import saved_for_backward
+from thunder_remat.models import build_model, example_batch
+
+
+def train_step(name, **options):
+    model = build_model(name, "tiny")
+    x = example_batch(model)
+    jm = thunder.jit(model, executors=[torch_compile_ex], **options)
+    out, saved = saved_for_backward(jm, x)
+    out.float().pow(2).mean().backward()
+    return jm, out.detach(), [p.grad.clone() for p in model.parameters()], saved
+
+
+@pytest.fixture(scope="module", params=["mlp", "gpt", "llama"])
+def model_runs(request):
+    return request.param, train_step(request.param), train_step(request.param, remat=True)
+
+
+def test_gradients_equal_without_the_pass(model_runs):
+    _, (_, out0, grads0, _), (_, out1, grads1, _) = model_runs
+    torch.testing.assert_close(out1, out0, atol=1e-5, rtol=1e-4)
+    for g1, g0 in zip(grads1, grads0):
+        torch.testing.assert_close(g1, g0, atol=1e-5, rtol=1e-4)
+
+
+def test_saved_bytes_no_more_than_thunder(model_runs):
+    name, (_, _, _, saved0), (jm, _, _, saved1) = model_runs
+    assert saved1.nbytes <= saved0.nbytes, (name, saved0, saved1)
+    result = last_pairs(jm)
+    assert result.pairs and result.bytes_after <= result.bytes_before
+    fusions = [b for b in thunder.last_backward_traces(jm)[-1].bound_symbols if b.sym.is_fusion]
+    assert fusions and all(b.sym.name.startswith("TorchCompile") for b in fusions)

@@ -1,0 +1,82 @@
+"""Turning the plugin on: compile option, transform, executor object, plugin name; option errors."""
+
+import pytest
+import thunder
+import torch
+
+import thunder_remat
+from helpers import assert_same_numbers, last_pairs, run
+from thunder_remat.config import RematConfig
+from thunder_remat.executors.eager import eager_fusion_ex
+
+
+def f(x, w):
+    return torch.exp(torch.sin(x) * 2) @ w
+
+
+def args():
+    g = torch.Generator().manual_seed(0)
+    return torch.randn(4, 8, generator=g, requires_grad=True), torch.randn(8, 3, generator=g, requires_grad=True)
+
+
+def test_compile_option_is_listed_as_used(capsys):
+    r = run(f, args(), executors=[eager_fusion_ex], remat=True)
+    last_pairs(r.jitted)
+    thunder.last_compile_options(r.jitted)
+    used = capsys.readouterr().out.split("Unused compile options")[0]
+    assert "remat. thunder_remat" in used
+
+
+def test_transform_and_executor_objects_turn_it_on():
+    base = run(f, args(), executors=[eager_fusion_ex])
+    r1 = run(f, args(), executors=[eager_fusion_ex], transforms=[thunder_remat.RematTransform()])
+    r2 = run(f, args(), executors=[eager_fusion_ex, thunder_remat.RematFusionExecutor()])
+    for r in (r1, r2):
+        assert last_pairs(r.jitted).pairs
+        assert_same_numbers(base, r)
+
+
+def test_off_means_off():
+    r = run(f, args(), executors=[eager_fusion_ex], transforms=[thunder_remat.RematTransform()], remat=False)
+    assert thunder_remat.last_pair_pass(r.jitted) is None
+    r = run(f, args(), executors=[eager_fusion_ex])
+    assert thunder_remat.last_pair_pass(r.jitted) is None
+
+
+def test_plugin_name_registered():
+    import thunder.plugins
+
+    assert thunder.plugins.get_plugin("remat") is thunder_remat.Remat
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 4))
+    from thunder.recipes import BaseRecipe
+
+    recipe = BaseRecipe(fuser="torch.compile")
+    recipe.executor_names = []  # keep this CPU test light: only our eager fusion executor below
+    recipe.setup_executors = lambda: [eager_fusion_ex]
+    jm = thunder.compile(model, recipe=recipe, plugins="remat")
+    x = torch.randn(2, 8)
+    jm(x).sum().backward()
+    assert last_pairs(jm).pairs
+
+
+@pytest.mark.parametrize(
+    "options, message",
+    [
+        ({"remat": "yes"}, "'remat' must be one of \\[True, False\\]"),
+        ({"remat": True, "remat_fusion_pairs": 1}, "'remat_fusion_pairs' must be one of"),
+        ({"remat": True, "remat_producer_input_discount": 2.0}, "number in \\[0, 1\\]"),
+    ],
+)
+def test_bad_compile_options_name_the_option(options, message):
+    jm = thunder.jit(f, executors=[eager_fusion_ex], **options)
+    with pytest.raises(ValueError, match=message):
+        jm(*args())
+
+
+def test_bad_plugin_arguments():
+    with pytest.raises(ValueError, match="unknown thunder_remat option 'remat_budgett'"):
+        thunder_remat.Remat(budgett=1)
+    with pytest.raises(TypeError, match="RematConfig"):
+        thunder_remat.RematTransform(config={"enabled": True})
+    with pytest.raises(ValueError, match="'remat' must be one of"):
+        RematConfig(enabled=None)
