@@ -123,17 +123,10 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 
 def fusion_executor(name: str):
-    if name == "eager":
-        from thunder_remat.executors.eager import eager_fusion_ex
+    """Imported lazily so ``--help`` does not load Thunder."""
+    from thunder_remat.executors import fusion_executor_by_name
 
-        return eager_fusion_ex
-    if name == "torchcompile":
-        from thunder.executors.torch_compile import torch_compile_ex
-
-        if torch_compile_ex is None:
-            raise RuntimeError("thunder.executors.torch_compile.torch_compile_ex is unavailable in this install")
-        return torch_compile_ex
-    raise ValueError(f"executor must be one of {EXECUTORS}, got {name!r}")
+    return fusion_executor_by_name(name)
 
 
 @contextlib.contextmanager

@@ -10,4 +10,28 @@ from __future__ import annotations
 
 from thunder_remat.executors.base import FusionAdapter, adapter_for, register_adapter
 
-__all__ = ["FusionAdapter", "adapter_for", "register_adapter"]
+__all__ = ["FusionAdapter", "adapter_for", "register_adapter", "EXECUTOR_NAMES", "fusion_executor_by_name"]
+
+#: fusion executors the main job and the benchmarks can be asked for by name
+EXECUTOR_NAMES = ("eager", "torchcompile", "nvfuser")
+
+
+def fusion_executor_by_name(name: str):
+    """The Thunder fusion executor called ``name`` (one of ``EXECUTOR_NAMES``)."""
+    if name == "eager":
+        from thunder_remat.executors.eager import eager_fusion_ex
+
+        return eager_fusion_ex
+    if name == "torchcompile":
+        from thunder.executors.torch_compile import torch_compile_ex
+
+        return torch_compile_ex
+    if name == "nvfuser":
+        from thunder_remat.executors.nvfuser import nvfuser_available
+
+        if not nvfuser_available():
+            raise RuntimeError("the nvfuser executor needs the nvfuser package and a CUDA GPU")
+        import thunder
+
+        return thunder.get_executor("nvfuser")
+    raise ValueError(f"fusion executor must be one of {list(EXECUTOR_NAMES)}, got {name!r}")

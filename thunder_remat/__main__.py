@@ -15,7 +15,7 @@ import logging
 import sys
 import time
 
-EXECUTORS = ("eager", "torchcompile", "nvfuser")
+from thunder_remat.executors import EXECUTOR_NAMES as EXECUTORS
 
 log = logging.getLogger("thunder_remat")
 
@@ -34,24 +34,6 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--dropout", type=float, default=0.0, help="dropout probability for gpt (default: 0)")
     p.add_argument("-v", "--verbose", action="store_true", help="log what the pass does")
     return p.parse_args(argv)
-
-
-def fusion_executor(name: str):
-    if name == "eager":
-        from thunder_remat.executors.eager import eager_fusion_ex
-
-        return eager_fusion_ex
-    if name == "torchcompile":
-        from thunder.executors.torch_compile import torch_compile_ex
-
-        return torch_compile_ex
-    from thunder_remat.executors.nvfuser import nvfuser_available
-
-    if not nvfuser_available():
-        raise SystemExit("thunder-remat: --executor nvfuser needs the nvfuser package and a CUDA GPU")
-    import thunder
-
-    return thunder.get_executor("nvfuser")
 
 
 def measure(args, executor, **options) -> dict:
@@ -86,7 +68,12 @@ def main(argv=None) -> int:
 
     import thunder_remat  # noqa: F401  (registers the plugin)
 
-    executor = fusion_executor(args.executor)
+    from thunder_remat.executors import fusion_executor_by_name
+
+    try:
+        executor = fusion_executor_by_name(args.executor)
+    except RuntimeError as exc:
+        raise SystemExit(f"thunder-remat: {exc}") from None
     print("  [1/2] compiling and running without thunder_remat (Thunder's built-in pass) ...", file=sys.stderr)
     before = measure(args, executor)
     print("  [2/2] compiling and running with thunder_remat ...", file=sys.stderr)

@@ -44,9 +44,6 @@ class PairNetwork:
     network: FlowNetwork
     nodes: tuple[ValueNode | Terminal, ...]
 
-    def node_id(self, node: ValueNode | Terminal) -> int:
-        return self.nodes.index(node)
-
 
 @dataclass(frozen=True)
 class PairPlan:

@@ -6,7 +6,6 @@ attention, GELU MLP and dropout. ``llama``: RMSNorm, rotary embeddings, SwiGLU M
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import torch

@@ -52,9 +52,6 @@ class PairProblem:
     needed: tuple[str, ...]
     producer_input_discount: float = 0.5
 
-    def size(self, name: str) -> int:
-        return self.nbytes[self.values.index(name)]
-
 
 def build_pair_problem(
     producer,

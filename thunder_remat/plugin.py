@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from thunder.core.compile_data import get_compile_data, get_compile_option
 from thunder.core.recipe import Plugin, PluginPolicy
-from thunder.core.trace import TraceProvenance, from_trace
+from thunder.core.trace import from_trace
 from thunder.core.transforms import Transform
 from thunder.extend import FusionExecutor
 
@@ -36,24 +36,16 @@ class RematFusionExecutor(FusionExecutor):
     def __init__(self, config: RematConfig | None = None) -> None:
         super().__init__(EXECUTOR_NAME)
         self.config = config if config is not None else RematConfig()
-        self.last_trace = None
 
     def fusion_pass(self, trace):
         if not (self.config.enabled and self.config.fusion_pairs):
             return trace
         result = rematerialize_fusion_pairs(trace, self.config, adapter_for=adapter_for, finalize=_finalize)
-        new = result.trace
-        if new is trace:
-            new = from_trace(trace)
-            new.bound_symbols = list(trace.bound_symbols)
-        new.set_provenance(TraceProvenance(result.provenance()))
-        new._thunder_remat_pairs = result
-        self.last_trace = new
         record_provenance(result.provenance())
         cd = get_compile_data()
         if cd is not None:
             cd._thunder_remat_pair_result = result
-        return new
+        return result.trace
 
 
 def _finalize(trace, bsyms):
