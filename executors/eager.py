@@ -29,9 +29,16 @@ class _LazyRegion:
         self._parts = (bsyms, inputs, outputs)
         self._fn = None
 
-    def __call__(self, *args):
+    @property
+    def built(self) -> bool:
+        return self._fn is not None
+
+    def build(self) -> None:
         if self._fn is None:
             self._fn = _region_callable(*self._parts)
+
+    def __call__(self, *args):
+        self.build()
         return self._fn(*args)
 
 
