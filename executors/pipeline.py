@@ -25,6 +25,7 @@ from thunder.core.trace import TraceProvenance
 from thunder.extend import FusionExecutor
 
 from thunder_remat.executors.builtin_pass import activated
+from thunder_remat.joint_analysis import is_joint_trace
 
 __all__ = ["install", "record_provenance"]
 
@@ -35,19 +36,26 @@ def record_provenance(line: str) -> None:
     """Remember ``line`` for the compilation in progress, to stamp on the forward/backward traces."""
     cd = get_compile_data()
     if cd is not None:
-        setattr(cd, _ATTR, line)
+        setattr(cd, _ATTR, (*getattr(cd, _ATTR, ()), line))
 
 
 def _unwrap(fn, marker: str):
     return fn.__wrapped__ if getattr(fn, marker, False) else fn
 
 
-def install(executor_for_compilation: Callable[[tuple], FusionExecutor | None], is_ours: Callable) -> None:
+def install(
+    executor_for_compilation: Callable[[tuple], FusionExecutor | None],
+    is_ours: Callable,
+    plan_joint_trace: Callable,
+) -> None:
+    """``plan_joint_trace(trace, executor)`` runs the whole-graph pass on a joint trace before fusion."""
     original = _unwrap(thunder.transform_for_execution, "_thunder_remat_pipeline")
 
     def transform_for_execution(trace, executors_list, *args, **kwargs):
         executors_list = tuple(executors_list)
-        if not any(isinstance(ex, FusionExecutor) and not is_ours(ex) for ex in executors_list):
+        fusing = any(isinstance(ex, FusionExecutor) and not is_ours(ex) for ex in executors_list)
+        joint = is_joint_trace(trace)
+        if not (fusing or joint):
             return original(trace, executors_list, *args, **kwargs)
         cd = get_compile_data()
         if cd is not None and hasattr(cd, _ATTR):
@@ -55,6 +63,10 @@ def install(executor_for_compilation: Callable[[tuple], FusionExecutor | None], 
         ours = executor_for_compilation(executors_list)
         others = tuple(ex for ex in executors_list if not is_ours(ex))
         if ours is None:
+            return original(trace, others, *args, **kwargs)
+        if joint:
+            trace = plan_joint_trace(trace, ours)
+        if not fusing:
             return original(trace, others, *args, **kwargs)
         with activated():
             return original(trace, (*others, ours), *args, **kwargs)
@@ -67,8 +79,9 @@ def install(executor_for_compilation: Callable[[tuple], FusionExecutor | None], 
 
     def del_last_used(trace, *args, **kwargs):
         result = original_del(trace, *args, **kwargs)
-        line = getattr(get_compile_data(), _ATTR, None)
-        if line:
+        lines = getattr(get_compile_data(), _ATTR, ())
+        if lines:
+            line = "; ".join(lines)
             previous = result.get_provenance()
             text = previous.pss if previous is not None else ""
             result.set_provenance(TraceProvenance(f"{text}; after {line}" if text else line))

@@ -43,7 +43,7 @@ def check_golden(name: str, before, after) -> None:
 
 def both(fn, args, executors, seed=None):
     before = run(fn, args, executors=executors, seed=seed)
-    after = run(fn, args, executors=executors, seed=seed, remat=True)
+    after = run(fn, args, executors=executors, seed=seed, remat=True, remat_whole_graph=False)
     return before, after
 
 
@@ -144,8 +144,8 @@ def test_cross_executor_pair_moves_only_what_consumer_can_fuse():
 
 
 def test_same_trace_gives_same_rewrite():
-    first = run(chain_into_matmul, x_w(), executors=[pointwise_ex], remat=True)
-    second = run(chain_into_matmul, x_w(), executors=[pointwise_ex], remat=True)
+    first = run(chain_into_matmul, x_w(), executors=[pointwise_ex], remat=True, remat_whole_graph=False)
+    second = run(chain_into_matmul, x_w(), executors=[pointwise_ex], remat=True, remat_whole_graph=False)
     assert describe(first) == describe(second)
     for traces in (thunder.last_traces, thunder.last_backward_traces):
         a, b = (traces(r.jitted)[-1] for r in (first, second))
@@ -153,7 +153,7 @@ def test_same_trace_gives_same_rewrite():
 
 
 def test_provenance_line_in_last_traces():
-    r = run(chain_into_matmul, x_w(), executors=[eager_fusion_ex], remat=True)
+    r = run(chain_into_matmul, x_w(), executors=[eager_fusion_ex], remat=True, remat_whole_graph=False)
     for trace in (thunder.last_traces(r.jitted)[-1], thunder.last_backward_traces(r.jitted)[-1]):
         text = str(trace.get_provenance())
         assert "thunder_remat fusion-pair rematerialization" in text
@@ -181,7 +181,7 @@ def test_thunder_builtin_pass_does_not_run_with_ours(monkeypatch):
 
     gate_module(Holder)
     monkeypatch.setattr(tc, "rematerialize", Holder.rematerialize)
-    run(chain_into_matmul, x_w(), executors=[eager_fusion_ex], remat=True)
+    run(chain_into_matmul, x_w(), executors=[eager_fusion_ex], remat=True, remat_whole_graph=False)
     assert calls == []
     run(chain_into_matmul, x_w(), executors=[eager_fusion_ex])
     assert len(calls) == 1
@@ -197,7 +197,7 @@ def test_failing_pair_is_left_untouched(monkeypatch):
     monkeypatch.setattr(fp, "rewrite_pair", broken)
     before = run(chain_into_matmul, x_w(), executors=[eager_fusion_ex])
     with pytest.warns(UserWarning, match="left fusion pair .* untouched: RuntimeError: injected"):
-        after = run(chain_into_matmul, x_w(), executors=[eager_fusion_ex], remat=True)
+        after = run(chain_into_matmul, x_w(), executors=[eager_fusion_ex], remat=True, remat_whole_graph=False)
     assert_same_numbers(before, after)
     assert last_pairs(after.jitted).pairs[0].status.startswith("failed")
 
@@ -211,6 +211,6 @@ def test_failing_reemit_abandons_the_pass(monkeypatch):
     monkeypatch.setattr(base.FusionAdapter, "reemit", broken)
     before = run(chain_into_matmul, x_w(), executors=[eager_fusion_ex])
     with pytest.warns(UserWarning, match="re-emitting rewritten fusion regions failed"):
-        after = run(chain_into_matmul, x_w(), executors=[eager_fusion_ex], remat=True)
+        after = run(chain_into_matmul, x_w(), executors=[eager_fusion_ex], remat=True, remat_whole_graph=False)
     assert_same_numbers(before, after)
     assert last_pairs(after.jitted).abandoned

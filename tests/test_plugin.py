@@ -32,15 +32,19 @@ def test_transform_and_executor_objects_turn_it_on():
     r1 = run(f, args(), executors=[eager_fusion_ex], transforms=[thunder_remat.RematTransform()])
     r2 = run(f, args(), executors=[eager_fusion_ex, thunder_remat.RematFusionExecutor()])
     for r in (r1, r2):
-        assert last_pairs(r.jitted).pairs
+        assert last_pairs(r.jitted) is not None
+        plan = thunder_remat.last_save_plan(r.jitted)
+        assert plan is not None and plan.failed is None and plan.choice.plan.recomputed
         assert_same_numbers(base, r)
 
 
 def test_off_means_off():
     r = run(f, args(), executors=[eager_fusion_ex], transforms=[thunder_remat.RematTransform()], remat=False)
     assert thunder_remat.last_pair_pass(r.jitted) is None
+    assert thunder_remat.last_save_plan(r.jitted) is None
     r = run(f, args(), executors=[eager_fusion_ex])
     assert thunder_remat.last_pair_pass(r.jitted) is None
+    assert thunder_remat.last_save_plan(r.jitted) is None
 
 
 def test_plugin_name_registered():

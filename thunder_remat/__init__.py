@@ -8,9 +8,20 @@ from __future__ import annotations
 import logging
 
 from thunder_remat.config import RematConfig
-from thunder_remat.plugin import Remat, RematFusionExecutor, RematTransform, last_pair_pass
+from thunder_remat.plugin import Remat, RematFusionExecutor, RematTransform, last_pair_pass, last_save_plan
+from thunder_remat.policies import (
+    DEFAULT_POLICIES,
+    KeepSmallReductions,
+    NeverRecomputeMatmul,
+    NeverRecomputeRandom,
+    RespectThunderTags,
+)
 
-__all__ = ["RematConfig", "Remat", "RematTransform", "RematFusionExecutor", "last_pair_pass", "__version__"]
+__all__ = [
+    "RematConfig", "Remat", "RematTransform", "RematFusionExecutor", "last_pair_pass", "last_save_plan",
+    "DEFAULT_POLICIES", "NeverRecomputeRandom", "NeverRecomputeMatmul", "KeepSmallReductions",
+    "RespectThunderTags", "__version__",
+]
 __version__ = "0.1.0"
 
 logging.getLogger(__name__).addHandler(logging.NullHandler())
@@ -20,11 +31,11 @@ def _install() -> None:
     import thunder.plugins
 
     from thunder_remat.executors import nvfuser, pipeline, torch_compile
-    from thunder_remat.plugin import executor_for_compilation, is_remat_executor
+    from thunder_remat.plugin import executor_for_compilation, is_remat_executor, plan_joint_trace
 
     torch_compile.install()
     nvfuser.install()
-    pipeline.install(executor_for_compilation, is_remat_executor)
+    pipeline.install(executor_for_compilation, is_remat_executor, plan_joint_trace)
     thunder.plugins.register_plugin("remat", Remat)
 
 

@@ -5,6 +5,10 @@ from __future__ import annotations
 from dataclasses import dataclass, fields, replace
 from typing import Any
 
+from thunder_remat.budget import parse_budget
+from thunder_remat.policies import DEFAULT_POLICIES, check_policies
+from thunder_remat.solvers.knapsack import KNAPSACK_SOLVERS
+
 __all__ = ["RematConfig", "COMPILE_OPTIONS", "config_from_options"]
 
 _BOOLS = (True, False)
@@ -24,15 +28,33 @@ class RematConfig:
     #: Discount applied to the capacity of a producer *input* that the consumer would have to start
     #: reading: the tensor already lives in memory, passing it on only extends its lifetime.
     producer_input_discount: float = 0.5
+    #: Run the whole-graph pass: a min cut over the joint trace chooses what the forward saves.
+    whole_graph: bool = True
+    #: Saved-activation budget for the whole-graph pass: a fraction in [0, 1] between the smallest
+    #: plan (0.0) and the fastest (1.0), or bytes (int, or "2GiB"). See thunder_remat.budget.
+    memory_budget: Any = 1.0
+    #: Knapsack solver used when the budget is tight: "greedy", "dp" or "ilp" (scipy).
+    solver: str = "dp"
+    #: Which forward ops may be recomputed (see thunder_remat.policies).
+    policies: tuple = DEFAULT_POLICIES
 
     def __post_init__(self) -> None:
-        for name in ("enabled", "fusion_pairs"):
+        for name in ("enabled", "fusion_pairs", "whole_graph"):
             _check_choice(name, getattr(self, name), _BOOLS)
+        _check_choice("solver", self.solver, KNAPSACK_SOLVERS)
+        parse_budget(self.memory_budget)
+        object.__setattr__(self, "policies", check_policies(self.policies))
         d = self.producer_input_discount
         if isinstance(d, bool) or not isinstance(d, (int, float)) or not 0.0 <= float(d) <= 1.0:
             raise ValueError(
                 f"thunder_remat option 'remat_producer_input_discount' must be a number in [0, 1], got {d!r}"
             )
+
+
+    @property
+    def budget(self) -> tuple | None:
+        """The parsed memory budget: ("fraction", f) or ("bytes", n)."""
+        return parse_budget(self.memory_budget)
 
 
 def _check_choice(name: str, value: Any, allowed: tuple) -> None:

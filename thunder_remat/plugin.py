@@ -24,8 +24,9 @@ from thunder_remat.config import COMPILE_OPTIONS, RematConfig, config_from_optio
 from thunder_remat.executors import adapter_for
 from thunder_remat.executors.pipeline import record_provenance
 from thunder_remat.fusion_pairs import PairPassResult, rematerialize_fusion_pairs
+from thunder_remat.whole_graph import SavePassResult, plan_saved_values
 
-__all__ = ["RematFusionExecutor", "RematTransform", "Remat", "resolve_config", "last_pair_pass"]
+__all__ = ["RematFusionExecutor", "RematTransform", "Remat", "resolve_config", "last_pair_pass", "last_save_plan"]
 
 EXECUTOR_NAME = "thunder_remat"
 
@@ -46,6 +47,19 @@ class RematFusionExecutor(FusionExecutor):
         if cd is not None:
             cd._thunder_remat_pair_result = result
         return result.trace
+
+
+def plan_joint_trace(trace, executor: RematFusionExecutor):
+    """The whole-graph pass on the joint trace, before any fusion executor sees it."""
+    config = executor.config
+    if not (config.enabled and config.whole_graph):
+        return trace
+    result = plan_saved_values(trace, config)
+    record_provenance(result.provenance())
+    cd = get_compile_data()
+    if cd is not None:
+        cd._thunder_remat_save_result = result
+    return result.trace
 
 
 def _finalize(trace, bsyms):
@@ -110,3 +124,10 @@ def last_pair_pass(jitted) -> PairPassResult | None:
     import thunder
 
     return getattr(thunder.compile_data(jitted), "_thunder_remat_pair_result", None)
+
+
+def last_save_plan(jitted) -> SavePassResult | None:
+    """What the whole-graph pass chose in the latest compilation of ``jitted`` (None if it did not run)."""
+    import thunder
+
+    return getattr(thunder.compile_data(jitted), "_thunder_remat_save_result", None)

@@ -1,0 +1,144 @@
+"""Analysis: describe a joint forward+backward trace as a plain ``SaveProblem``.
+
+Works on the joint trace Thunder 0.2.6 hands to ``transform_for_execution`` (after the grad
+transform, before fusion): forward bound symbols first, then the backward ones, which carry
+``BoundSymbolTag.BACKWARD``, then the return, whose ``flat_args`` are the forward inputs.
+This is the only stage of the whole-graph pass that reads bound symbols.
+"""
+
+from __future__ import annotations
+
+from thunder.core import prims
+from thunder.core.proxies import ProxyTag
+from thunder.core.symbol import BoundSymbolTag
+
+from thunder_remat.cost import op_flops, value_bytes
+from thunder_remat.policies import OpFacts, judge_op
+from thunder_remat.save_problem import ForwardOp, ForwardValue, SaveProblem
+
+__all__ = ["is_joint_trace", "split_joint", "build_save_problem"]
+
+_COLLECTIVE_NAMES = frozenset({"all_gather", "all_reduce", "reduce_scatter", "broadcast", "wait", "synchronize"})
+
+
+def is_backward(bsym) -> bool:
+    return BoundSymbolTag.BACKWARD in bsym.tags
+
+
+def reads_forward_values(bsym) -> bool:
+    """Whether a backward bsym's arguments are real reads (``get_grad(out)`` only names an output)."""
+    return bsym.sym.id != prims.PrimIDs.GET_GRAD
+
+
+def is_joint_trace(trace) -> bool:
+    """A joint forward+backward trace (not a prologue, epilogue or inference-only trace)."""
+    bsyms = trace.bound_symbols
+    if not bsyms or bsyms[-1].sym.id != prims.PrimIDs.RETURN:
+        return False
+    ret = bsyms[-1].args[0] if bsyms[-1].args else None
+    return isinstance(ret, dict) and "fw_flat_out" in ret and any(is_backward(b) for b in bsyms)
+
+
+def split_joint(trace):
+    """(forward op bsyms by index in the trace, backward bsyms by index, input names)."""
+    forward, backward, inputs = [], [], set()
+    ret = trace.bound_symbols[-1]
+    for p in ret.args[0]["flat_args"]:
+        if hasattr(p, "name"):
+            inputs.add(p.name)
+    for i, bsym in enumerate(trace.bound_symbols[:-1]):
+        if is_backward(bsym):
+            backward.append((i, bsym))
+        elif bsym.sym.id in (prims.PrimIDs.UNPACK_TRIVIAL, prims.PrimIDs.UNPACK_SEQUENCE) or not bsym.flat_proxy_outs:
+            inputs.update(p.name for p in bsym.flat_proxy_outs)
+        else:
+            forward.append((i, bsym))
+    return forward, backward, inputs
+
+
+def tag_names(bsym) -> frozenset[str]:
+    names = set()
+    for tag in (bsym.sym.tags or ()):
+        names.add(getattr(tag, "name", str(tag)))
+    for sub in bsym.subsymbols:
+        for tag in (sub.sym.tags or ()):
+            names.add(getattr(tag, "name", str(tag)))
+    if BoundSymbolTag.RECOMPUTE_IN_BACKWARD in bsym.tags or any(
+        ProxyTag.RECOMPUTE_IN_BACKWARD in p.tags for p in bsym.flat_proxy_outs
+    ):
+        names.add("RECOMPUTE_IN_BACKWARD")
+    if bsym.sym.name in _COLLECTIVE_NAMES or "distributed" in str(bsym.sym.id):
+        names.add("COLLECTIVE")
+    return frozenset(names)
+
+
+def _source(bsym) -> str:
+    filename = getattr(bsym, "source_filename", None)
+    positions = getattr(bsym, "source_positions", None)
+    line = getattr(positions, "lineno", None) if positions is not None else None
+    return f"{filename}:{line}" if filename and line else ""
+
+
+def build_save_problem(trace, policies) -> SaveProblem:
+    forward, backward, inputs = split_joint(trace)
+    problem = SaveProblem()
+    proxies = {}
+
+    def add_value(p, is_input: bool) -> None:
+        if p.name not in problem.values:
+            proxies[p.name] = p
+            problem.values[p.name] = ForwardValue(
+                name=p.name,
+                nbytes=value_bytes(p),
+                is_input=is_input,
+                shape=tuple(getattr(p, "shape", ()) or ()),
+                dtype=str(getattr(p, "dtype", "")),
+            )
+
+    for bsym in trace.bound_symbols[:-1]:
+        if not is_backward(bsym):
+            for p in bsym.flat_proxy_outs:
+                if p.name in inputs:
+                    add_value(p, True)
+    for p in trace.bound_symbols[-1].args[0]["flat_args"]:
+        if hasattr(p, "name"):
+            add_value(p, True)
+
+    for i, bsym in forward:
+        outs = [p for p in bsym.flat_proxy_outs if p.name not in problem.values]
+        if not outs:
+            continue
+        reads = [p for p in bsym.flat_proxy_args if p.name in problem.values]
+        for p in outs:
+            add_value(p, False)
+        names = tag_names(bsym)
+        facts = OpFacts(
+            op=bsym.sym.name,
+            tags=names,
+            output_bytes=sum(value_bytes(p) for p in outs),
+            input_bytes=sum(value_bytes(p) for p in reads),
+        )
+        judgement = judge_op(facts, policies)
+        problem.ops.append(
+            ForwardOp(
+                index=i,
+                op=bsym.sym.name,
+                outputs=tuple(p.name for p in outs),
+                inputs=tuple(dict.fromkeys(p.name for p in reads)),
+                flops=op_flops(bsym, names),
+                hard_ban=judgement.hard,
+                soft_ban=judgement.soft,
+                force_recompute=judgement.recompute,
+                source=_source(bsym),
+            )
+        )
+
+    needed = {}
+    for _, bsym in backward:
+        if not reads_forward_values(bsym):
+            continue
+        for p in bsym.flat_proxy_args:
+            if p.name in problem.values:
+                needed.setdefault(p.name, None)
+    problem.needed_by_backward = tuple(needed)
+    return problem

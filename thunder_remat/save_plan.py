@@ -1,0 +1,211 @@
+"""Choose what the forward saves: minimum cuts over the whole forward, under a memory budget.
+
+Plain data in (``SaveProblem``), plain data out (``SavePlan``); no thunder import.
+
+The flow network has two nodes per forward value, ``in`` and ``out``, joined by an edge whose
+capacity is the value's size (saving it costs that many bytes; inputs cost nothing, they are held
+anyway). Each operation links its inputs' ``out`` to its outputs' ``in`` with uncuttable edges.
+The source feeds the ``in`` of every input and of every value whose producer may not be
+recomputed (banned); the ``out`` of every value the backward reads feeds the sink. A minimum cut
+is the cheapest set of values to save: everything between the cut and the backward is
+recomputed there.
+
+Bans come from policies. *Hard* bans (random without exact replay, in place, collectives, Thunder's
+``DONT_RECOMPUTE_IN_BACKWARD``) always hold. *Soft* bans (matmuls, small reductions) hold in the
+fastest plan; under a tight budget a knapsack decides which of them to keep: each soft-banned op
+kept costs its output bytes and spares its recompute time. The plans found for a grid of knapsack
+capacities, plus the fastest and the smallest, form a Pareto frontier; a budget picks the plan
+with the least recompute whose saved bytes fit, so saved bytes never grow as the budget falls.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+
+from thunder_remat.save_problem import ForwardOp, SaveProblem
+from thunder_remat.solvers.knapsack import solve_knapsack
+from thunder_remat.solvers.maxflow import CutResult, FlowNetwork, min_cut
+
+__all__ = ["SavePlan", "SaveNetwork", "Frontier", "BudgetChoice", "build_save_network", "plan_with_bans",
+           "build_frontier", "choose_plan"]
+
+#: knapsack capacities tried between the smallest and the fastest plan
+FRONTIER_STEPS = 16
+
+
+@dataclass(frozen=True)
+class SaveNetwork:
+    """The flow network and what each of its nodes stands for."""
+
+    network: FlowNetwork
+    #: node index -> (value name, "in" | "out"), or "source" / "sink"
+    labels: tuple
+    #: edge index of each value's in -> out edge
+    value_edge: dict
+
+
+@dataclass(frozen=True)
+class SavePlan:
+    """One choice of saved values."""
+
+    #: values the forward saves and the backward reads (inputs included), sorted by name
+    saved: tuple[str, ...]
+    #: forward ops (indices into ``SaveProblem.ops``) the backward runs again, in forward order
+    recomputed: tuple[int, ...]
+    #: bytes of saved values that are not inputs (the activations held between forward and backward)
+    saved_bytes: int
+    #: estimated cost of the recomputation (sum of the recomputed ops' flop estimates)
+    recompute_flops: float
+    #: soft-banned ops kept banned in this plan
+    kept_bans: frozenset[int]
+    cut_value: float
+
+    @property
+    def key(self) -> tuple:
+        return (self.saved, self.recomputed)
+
+
+@dataclass(frozen=True)
+class Frontier:
+    """The plans a budget chooses from, sorted by saved bytes (ascending)."""
+
+    plans: tuple[SavePlan, ...]
+    fastest: SavePlan
+    smallest: SavePlan
+    solve_ms: float
+
+
+@dataclass(frozen=True)
+class BudgetChoice:
+    plan: SavePlan
+    #: the byte target the budget stood for (None: no budget, the fastest plan)
+    target_bytes: int | None
+    feasible: bool
+    frontier: Frontier = field(repr=False)
+
+
+def _soft_banned(problem: SaveProblem) -> list[ForwardOp]:
+    return [op for op in problem.ops if op.soft_ban and not op.hard_ban]
+
+
+def build_save_network(problem: SaveProblem, kept_bans: frozenset[int]) -> SaveNetwork:
+    names = sorted(problem.values)
+    index = {name: i for i, name in enumerate(names)}
+    source, sink = 2 * len(names), 2 * len(names) + 1
+    labels = [None] * (2 * len(names) + 2)
+    for name, i in index.items():
+        labels[2 * i], labels[2 * i + 1] = (name, "in"), (name, "out")
+    labels[source], labels[sink] = "source", "sink"
+
+    producer = problem.producer_of()
+    edges, caps, value_edge = [], [], {}
+
+    def add(u, v, c):
+        edges.append((u, v))
+        caps.append(c)
+        return len(edges) - 1
+
+    for name in names:
+        value, i = problem.values[name], index[name]
+        op = producer.get(name)
+        if value.is_input or op is None:
+            add(source, 2 * i, math.inf)
+            value_edge[name] = add(2 * i, 2 * i + 1, 0.0)
+            continue
+        banned = op.hard_ban is not None or op.index in kept_bans
+        must_recompute = op.force_recompute and not banned
+        value_edge[name] = add(2 * i, 2 * i + 1, math.inf if must_recompute else float(value.nbytes))
+        if banned:
+            add(source, 2 * i, math.inf)
+        for dep in sorted(set(op.inputs)):
+            add(2 * index[dep] + 1, 2 * i, math.inf)
+    for name in sorted(set(problem.needed_by_backward)):
+        add(2 * index[name] + 1, sink, math.inf)
+    network = FlowNetwork(len(labels), tuple(edges), tuple(caps), source, sink)
+    return SaveNetwork(network, tuple(labels), value_edge)
+
+
+def plan_from_cut(problem: SaveProblem, net: SaveNetwork, cut: CutResult, kept_bans) -> SavePlan:
+    if not cut.is_finite:
+        raise ValueError("no finite cut: a value the backward reads can neither be saved nor recomputed")
+    side = cut.source_side
+    labels = net.labels
+    in_node = {labels[k][0]: k for k in range(len(labels)) if isinstance(labels[k], tuple) and labels[k][1] == "in"}
+    # Saved: a value whose in-node is available (source side) while its out-node is not.
+    saved = sorted(n for n, k in in_node.items() if k in side and k + 1 not in side)
+    producer = problem.producer_of()
+    recomputed = sorted(
+        {producer[n].index for n, k in in_node.items() if k not in side and n in producer}
+    )
+    ops = {op.index: op for op in problem.ops}
+    return SavePlan(
+        saved=tuple(saved),
+        recomputed=tuple(recomputed),
+        saved_bytes=problem.nbytes(saved),
+        recompute_flops=float(sum(ops[i].flops for i in recomputed)),
+        kept_bans=frozenset(kept_bans),
+        cut_value=cut.value,
+    )
+
+
+def plan_with_bans(problem: SaveProblem, kept_bans) -> SavePlan:
+    kept = frozenset(kept_bans)
+    net = build_save_network(problem, kept)
+    return plan_from_cut(problem, net, min_cut(net.network), kept)
+
+
+def build_frontier(problem: SaveProblem, solver: str = "dp", steps: int = FRONTIER_STEPS) -> Frontier:
+    """The fastest plan, the smallest plan, and knapsack plans between them, Pareto-filtered."""
+    start = time.perf_counter()
+    soft = _soft_banned(problem)
+    fastest = plan_with_bans(problem, {op.index for op in soft})
+    smallest = plan_with_bans(problem, set())
+    plans = {fastest.key: fastest, smallest.key: smallest}
+    if soft and fastest.saved_bytes > smallest.saved_bytes:
+        weights = [float(problem.nbytes(op.outputs)) for op in soft]
+        values = [op.flops for op in soft]
+        total = sum(weights)
+        for k in range(1, steps):
+            kept = solve_knapsack(values, weights, total * k / steps, solver).kept
+            plan = plan_with_bans(problem, {soft[i].index for i in kept})
+            plans.setdefault(plan.key, plan)
+    pareto = _pareto(plans.values())
+    return Frontier(tuple(pareto), fastest, smallest, (time.perf_counter() - start) * 1e3)
+
+
+def _pareto(plans) -> list[SavePlan]:
+    """Plans no other plan beats on both saved bytes and recompute, by bytes ascending."""
+    ordered = sorted(plans, key=lambda p: (p.saved_bytes, p.recompute_flops, p.key))
+    kept: list[SavePlan] = []
+    for plan in ordered:
+        if not kept or plan.recompute_flops < kept[-1].recompute_flops:
+            kept.append(plan)
+    return kept
+
+
+def target_bytes(frontier: Frontier, budget) -> int | None:
+    """Bytes a budget stands for: a fraction between the smallest and the fastest plan, or bytes."""
+    if budget is None:
+        return None
+    kind, amount = budget
+    if kind == "fraction":
+        low, high = frontier.smallest.saved_bytes, frontier.fastest.saved_bytes
+        return int(math.floor(low + amount * (high - low) + 1e-9))
+    return int(amount)
+
+
+def choose_plan(frontier: Frontier, budget) -> BudgetChoice:
+    """The plan with the least recompute that fits the budget; if none fits, the smallest plan.
+
+    ``budget`` is ``None`` (fastest plan), ``("fraction", f)`` with f in [0, 1] or ``("bytes", n)``.
+    """
+    target = target_bytes(frontier, budget)
+    if target is None:
+        return BudgetChoice(frontier.fastest, None, True, frontier)
+    fitting = [p for p in frontier.plans if p.saved_bytes <= target]
+    if not fitting:
+        return BudgetChoice(frontier.plans[0], target, False, frontier)
+    best = min(fitting, key=lambda p: (p.recompute_flops, p.saved_bytes, p.key))
+    return BudgetChoice(best, target, True, frontier)

@@ -1,0 +1,100 @@
+"""The whole-graph pass: choose what the forward saves for backward, under a memory budget.
+
+analysis (``joint_analysis``) -> solve (``save_plan``) -> rewrite (``recompute_rewrite``), on the
+joint forward+backward trace before fusion. If any stage fails, the trace is left as Thunder made
+it and a warning says why: a wrong result is never an option.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import warnings
+from dataclasses import dataclass
+
+from thunder_remat.joint_analysis import build_save_problem
+from thunder_remat.recompute_rewrite import insert_recomputation
+from thunder_remat.save_plan import BudgetChoice, build_frontier, choose_plan
+from thunder_remat.save_problem import SaveProblem
+
+__all__ = ["SavePassResult", "plan_saved_values", "BudgetInfeasibleWarning"]
+
+log = logging.getLogger(__name__)
+
+
+class BudgetInfeasibleWarning(UserWarning):
+    """The memory budget is below what the smallest plan can save; the smallest plan is used."""
+
+
+@dataclass
+class SavePassResult:
+    trace: object
+    problem: SaveProblem | None = None
+    choice: BudgetChoice | None = None
+    budget: tuple | None = None
+    analysis_ms: float = 0.0
+    solve_ms: float = 0.0
+    rewrite_ms: float = 0.0
+    failed: str | None = None
+
+    @property
+    def saved_bytes_before(self) -> int:
+        """Activation bytes the backward reads from the forward without this pass (Thunder's plan)."""
+        return self.problem.nbytes(self.problem.needed_by_backward) if self.problem else 0
+
+    def provenance(self) -> str:
+        if self.failed:
+            return f"thunder_remat whole-graph save planning failed and was skipped: {self.failed}"
+        plan = self.choice.plan
+        budget = "none" if self.budget is None else f"{self.budget[0]} {self.budget[1]:g}"
+        text = (
+            f"thunder_remat whole-graph save planning (took {self.analysis_ms + self.solve_ms + self.rewrite_ms:.1f} ms; "
+            f"budget {budget}"
+        )
+        if self.choice.target_bytes is not None:
+            text += f" = {self.choice.target_bytes} B"
+        text += (
+            f"; saved activation bytes {self.saved_bytes_before} -> {plan.saved_bytes}; "
+            f"{len(plan.recomputed)} forward ops recomputed in backward, est. {plan.recompute_flops:.3g} flops"
+        )
+        if not self.choice.feasible:
+            text += "; budget infeasible, smallest plan used"
+        return text + ")"
+
+
+def plan_saved_values(trace, config) -> SavePassResult:
+    """Solve and rewrite ``trace`` (a joint trace) according to ``config``; never raises for a bad trace."""
+    result = SavePassResult(trace=trace, budget=config.budget)
+    try:
+        start = time.perf_counter()
+        problem = build_save_problem(trace, config.policies)
+        result.problem = problem
+        mid = time.perf_counter()
+        result.analysis_ms = (mid - start) * 1e3
+        frontier = build_frontier(problem, config.solver)
+        choice = choose_plan(frontier, config.budget)
+        result.choice = choice
+        end = time.perf_counter()
+        result.solve_ms = (end - mid) * 1e3
+        result.trace = insert_recomputation(trace, choice.plan.recomputed)
+        result.rewrite_ms = (time.perf_counter() - end) * 1e3
+    except Exception as exc:  # containment: leave the trace as Thunder made it
+        result.trace = trace
+        result.failed = f"{type(exc).__name__}: {exc}"
+        warnings.warn(
+            f"thunder_remat: whole-graph save planning failed ({result.failed}); "
+            "the forward saves what Thunder chose",
+            stacklevel=2,
+        )
+        log.debug("whole-graph save planning failed", exc_info=True)
+        return result
+    if not choice.feasible:
+        warnings.warn(
+            f"thunder_remat: remat_memory_budget {config.memory_budget!r} asks for at most "
+            f"{choice.target_bytes} B of saved activations, but the smallest plan saves "
+            f"{choice.plan.saved_bytes} B; using the smallest plan",
+            BudgetInfeasibleWarning,
+            stacklevel=2,
+        )
+    log.info("%s", result.provenance())
+    return result
