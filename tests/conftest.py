@@ -8,6 +8,7 @@ warnings.filterwarnings("ignore", message="transformer_engine module not found")
 
 import thunder_remat  # noqa: E402  (registers the plugin)
 import thunder_remat.fusion_pairs as fusion_pairs  # noqa: E402
+import thunder_remat.save_plan as save_plan  # noqa: E402
 from helpers import networkx_cut_value  # noqa: E402
 
 torch.set_num_threads(2)
@@ -15,19 +16,27 @@ torch.set_num_threads(2)
 
 @pytest.fixture(autouse=True)
 def cut_values_match_networkx(monkeypatch):
-    """Every pair the pass visits during a test: igraph's cut value equals networkx's."""
+    """Every min cut solved during a test (each fusion pair, each whole-graph plan): igraph's cut
+    value equals networkx's on the same network."""
     solved = []
-    original = fusion_pairs.solve_pair
+    original_pair = fusion_pairs.solve_pair
+    original_cut = save_plan.min_cut
 
-    def checked(problem):
-        out = original(problem)
-        solved.append(out)
+    def checked_pair(problem):
+        out = original_pair(problem)
+        solved.append((out[0].network, out[1]))
         return out
 
-    monkeypatch.setattr(fusion_pairs, "solve_pair", checked)
+    def checked_cut(network):
+        cut = original_cut(network)
+        solved.append((network, cut))
+        return cut
+
+    monkeypatch.setattr(fusion_pairs, "solve_pair", checked_pair)
+    monkeypatch.setattr(save_plan, "min_cut", checked_cut)
     yield solved
-    for pair_network, cut, _ in solved:
-        expected = networkx_cut_value(pair_network.network)
+    for network, cut in solved:
+        expected = networkx_cut_value(network)
         assert math.isclose(cut.value, expected, rel_tol=1e-9, abs_tol=1e-6) or (
             math.isinf(cut.value) and math.isinf(expected)
         ), (cut.value, expected)

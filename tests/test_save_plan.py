@@ -1,0 +1,158 @@
+"""The whole-graph planner on hand-made problems: exact saved sets, budgets, frontier invariants."""
+
+import random
+
+import pytest
+
+from thunder_remat.save_plan import build_frontier, build_save_network, choose_plan, plan_with_bans
+from thunder_remat.save_problem import ForwardOp, ForwardValue, SaveProblem
+
+
+def problem(values, ops, needed) -> SaveProblem:
+    p = SaveProblem()
+    for name, nbytes, is_input in values:
+        p.values[name] = ForwardValue(name, nbytes, is_input)
+    p.ops = [ForwardOp(index=i, **op) for i, op in enumerate(ops)]
+    p.needed_by_backward = tuple(needed)
+    return p
+
+
+def mlp_problem() -> SaveProblem:
+    """x, w, w2 inputs; h = linear(x, w); g = gelu(h); o = linear(g, w2). Backward reads x, w, h, g, w2."""
+    return problem(
+        [("x", 64, True), ("w", 64, True), ("w2", 64, True), ("h", 128, False), ("g", 128, False), ("o", 64, False)],
+        [
+            dict(op="linear", outputs=("h",), inputs=("x", "w"), flops=1000.0, soft_ban="matmul"),
+            dict(op="gelu", outputs=("g",), inputs=("h",), flops=32.0),
+            dict(op="linear", outputs=("o",), inputs=("g", "w2"), flops=1000.0, soft_ban="matmul"),
+        ],
+        ["x", "w", "h", "g", "w2"],
+    )
+
+
+def valid(problem: SaveProblem, plan) -> bool:
+    """Every value the backward reads is saved, an input, or recomputed from those."""
+    available = set(plan.saved) | {n for n, v in problem.values.items() if v.is_input}
+    ops = {op.index: op for op in problem.ops}
+    for i in plan.recomputed:
+        if not set(ops[i].inputs) <= available:
+            return False
+        available |= set(ops[i].outputs)
+    return set(problem.needed_by_backward) <= available
+
+
+def test_fastest_plan_keeps_the_matmul_output_and_recomputes_gelu():
+    p = mlp_problem()
+    frontier = build_frontier(p)
+    fastest = frontier.fastest
+    assert fastest.saved == ("h", "w", "w2", "x")
+    assert fastest.recomputed == (1,)
+    assert fastest.saved_bytes == 128 and fastest.recompute_flops == 32.0
+    assert fastest.cut_value == 128
+
+
+def test_smallest_plan_recomputes_the_matmul_from_inputs():
+    smallest = build_frontier(mlp_problem()).smallest
+    assert smallest.saved == ("w", "w2", "x")
+    assert smallest.recomputed == (0, 1)
+    assert smallest.saved_bytes == 0 and smallest.recompute_flops == 1032.0
+
+
+@pytest.mark.parametrize(
+    "budget,expected_bytes,feasible",
+    [
+        (None, 128, True),
+        (("fraction", 1.0), 128, True),
+        (("fraction", 0.5), 0, True),
+        (("fraction", 0.0), 0, True),
+        (("bytes", 200), 128, True),
+        (("bytes", 100), 0, True),
+    ],
+)
+def test_budget_picks_the_cheapest_plan_that_fits(budget, expected_bytes, feasible):
+    choice = choose_plan(build_frontier(mlp_problem()), budget)
+    assert choice.plan.saved_bytes == expected_bytes and choice.feasible is feasible
+
+
+def random_op_problem() -> SaveProblem:
+    """r = uniform() (random, hard ban); mask = r < p (bool, 64 B); y = x * mask. Backward reads mask."""
+    return problem(
+        [("x", 256, True), ("r", 256, False), ("mask", 64, False), ("y", 256, False)],
+        [
+            dict(op="uniform", outputs=("r",), inputs=(), flops=64.0, hard_ban="random op"),
+            dict(op="lt", outputs=("mask",), inputs=("r",), flops=64.0),
+            dict(op="mul", outputs=("y",), inputs=("x", "mask"), flops=64.0),
+        ],
+        ["mask"],
+    )
+
+
+def test_random_op_is_never_recomputed_even_at_budget_zero():
+    frontier = build_frontier(random_op_problem())
+    for plan in frontier.plans:
+        assert 0 not in plan.recomputed
+    assert frontier.smallest.saved == ("mask",) and frontier.smallest.saved_bytes == 64
+
+
+def test_infeasible_byte_budget_returns_the_smallest_plan():
+    choice = choose_plan(build_frontier(random_op_problem()), ("bytes", 10))
+    assert not choice.feasible and choice.target_bytes == 10
+    assert choice.plan.saved_bytes == 64
+
+
+def test_forced_recompute_is_never_saved():
+    p = mlp_problem()
+    p.ops[1] = ForwardOp(index=1, op="gelu", outputs=("g",), inputs=("h",), flops=32.0, force_recompute=True)
+    p.needed_by_backward = ("g", "w2")
+    plan = plan_with_bans(p, {0, 2})
+    assert "g" not in plan.saved and 1 in plan.recomputed
+
+
+def test_network_shape():
+    net = build_save_network(mlp_problem(), frozenset({0, 2}))
+    assert net.labels[net.network.source] == "source" and net.labels[net.network.sink] == "sink"
+    assert set(net.value_edge) == {"x", "w", "w2", "h", "g", "o"}
+    caps = {name: net.network.capacities[e] for name, e in net.value_edge.items()}
+    assert caps == {"x": 0.0, "w": 0.0, "w2": 0.0, "h": 128.0, "g": 128.0, "o": 64.0}
+
+
+def random_problem(rng: random.Random) -> SaveProblem:
+    n_inputs, n_ops = rng.randint(1, 3), rng.randint(2, 14)
+    values = [(f"i{k}", rng.choice([0, 64, 256]), True) for k in range(n_inputs)]
+    names = [v[0] for v in values]
+    ops = []
+    for k in range(n_ops):
+        out = f"v{k}"
+        ins = tuple(sorted(set(rng.sample(names, rng.randint(1, min(3, len(names)))))))
+        values.append((out, rng.choice([16, 64, 128, 512]), False))
+        kind = rng.random()
+        ops.append(
+            dict(
+                op="op",
+                outputs=(out,),
+                inputs=ins,
+                flops=float(rng.randint(1, 1000)),
+                hard_ban="random op" if kind < 0.1 else None,
+                soft_ban="matmul" if 0.1 <= kind < 0.45 else None,
+            )
+        )
+        names.append(out)
+    needed = rng.sample(names, rng.randint(1, len(names)))
+    return problem(values, ops, needed)
+
+
+@pytest.mark.parametrize("solver", ["greedy", "dp", "ilp"])
+@pytest.mark.parametrize("seed", range(15))
+def test_frontier_plans_are_valid_and_budgets_are_monotone(seed, solver):
+    p = random_problem(random.Random(seed))
+    frontier = build_frontier(p, solver)
+    for plan in frontier.plans:
+        assert valid(p, plan)
+        assert plan.cut_value == pytest.approx(plan.saved_bytes)
+    assert frontier.smallest.saved_bytes == min(plan.saved_bytes for plan in frontier.plans)
+    last_bytes, last_flops = float("inf"), -1.0
+    for b in (1.0, 0.9, 0.7, 0.5, 0.3, 0.1, 0.0):
+        choice = choose_plan(frontier, ("fraction", b))
+        assert choice.feasible and choice.plan.saved_bytes <= choice.target_bytes
+        assert choice.plan.saved_bytes <= last_bytes and choice.plan.recompute_flops >= last_flops
+        last_bytes, last_flops = choice.plan.saved_bytes, choice.plan.recompute_flops

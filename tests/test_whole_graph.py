@@ -1,0 +1,166 @@
+"""The whole-graph pass end to end on the built-in models (light eager fusion executor).
+
+At budgets 1.0, 0.5 and 0.0, with and without dropout: outputs bit-identical and gradients equal
+to the same model compiled without thunder_remat; saved activation bytes (measured with
+saved_tensors_hooks in a real forward) fall monotonically with the budget and never exceed the
+plan; matmuls are never recomputed at 1.0; random ops never.
+"""
+
+import warnings
+
+import pytest
+import thunder
+import torch
+
+import thunder_remat
+from thunder_remat.executors.eager import eager_fusion_ex
+from thunder_remat.measure import saved_for_backward
+from thunder_remat.models import build_model, example_batch
+from thunder_remat.whole_graph import BudgetInfeasibleWarning
+
+BUDGETS = (1.0, 0.5, 0.0)
+
+
+def train_step(name, dropout, **options):
+    model = build_model(name, "tiny", dropout=dropout)
+    x = example_batch(model)
+    jm = thunder.jit(model, executors=[eager_fusion_ex], **options)
+    torch.manual_seed(1234)
+    out, saved = saved_for_backward(jm, x)
+    out.float().pow(2).mean().backward()
+    return jm, out.detach(), [p.grad.clone() for p in model.parameters()], saved
+
+
+# Only the GPT model has dropout layers.
+@pytest.fixture(scope="module", params=[("mlp", 0.0), ("gpt", 0.0), ("gpt", 0.1), ("llama", 0.0)], ids=str)
+def runs(request):
+    name, dropout = request.param
+    base = train_step(name, dropout)
+    by_budget = {b: train_step(name, dropout, remat=True, remat_memory_budget=b) for b in BUDGETS}
+    return name, dropout, base, by_budget
+
+
+def test_outputs_bit_identical_and_gradients_equal(runs):
+    _, _, (_, out0, grads0, _), by_budget = runs
+    for b, (_, out, grads, _) in by_budget.items():
+        assert torch.equal(out, out0), b
+        for g, g0 in zip(grads, grads0):
+            torch.testing.assert_close(g, g0, atol=1e-5, rtol=1e-4)
+
+
+def test_gradients_equal_eager_pytorch_without_dropout(runs):
+    name, dropout, _, by_budget = runs
+    if dropout:
+        pytest.skip("eager PyTorch draws different dropout masks than Thunder")
+    model = build_model(name, "tiny")
+    model(example_batch(model)).float().pow(2).mean().backward()
+    for b, (_, _, grads, _) in by_budget.items():
+        for g, p in zip(grads, model.parameters()):
+            torch.testing.assert_close(g, p.grad, atol=1e-5, rtol=1e-4)
+
+
+def test_saved_bytes_fall_with_the_budget_and_match_the_plan(runs):
+    name, _, (_, _, _, saved0), by_budget = runs
+    measured = [by_budget[b][3].activation_bytes for b in BUDGETS]
+    assert measured == sorted(measured, reverse=True), measured
+    assert measured[0] <= saved0.activation_bytes
+    for b in BUDGETS:
+        jm, _, _, saved = by_budget[b]
+        plan = thunder_remat.last_save_plan(jm)
+        assert plan.failed is None and plan.choice.feasible
+        assert saved.activation_bytes <= plan.choice.plan.saved_bytes <= plan.choice.target_bytes
+
+
+def recomputed_ops(jm) -> list[str]:
+    plan = thunder_remat.last_save_plan(jm)
+    ops = {op.index: op for op in plan.problem.ops}
+    return [ops[i].op for i in plan.choice.plan.recomputed]
+
+
+def test_matmuls_are_not_recomputed_at_full_budget_and_random_ops_never(runs):
+    _, dropout, _, by_budget = runs
+    assert not {"linear", "matmul"} & set(recomputed_ops(by_budget[1.0][0]))
+    for b in BUDGETS:
+        assert "uniform" not in recomputed_ops(by_budget[b][0])
+    if dropout:
+        ops = {op.op for op in thunder_remat.last_save_plan(by_budget[0.0][0]).problem.ops}
+        assert "uniform" in ops
+
+
+def test_recomputation_is_placed_in_the_backward_before_first_use(runs):
+    _, _, _, by_budget = runs
+    jm = by_budget[0.0][0]
+    bw = thunder.last_backward_traces(jm)[-1]
+    fw = thunder.last_traces(jm)[-1]
+    assert any(p.name.startswith("rc_") for b in bw.bound_symbols for s in (b, *b.subsymbols) for p in s.flat_proxy_outs)
+    assert not any(p.name.startswith("rc_") for b in fw.bound_symbols for p in b.flat_proxy_outs)
+
+
+def test_provenance_names_the_budget():
+    jm, *_ = train_step("mlp", 0.0, remat=True, remat_memory_budget=0.5)
+    text = str(thunder.last_traces(jm)[-1].get_provenance())
+    assert "whole-graph save planning" in text and "budget fraction 0.5" in text
+
+
+def test_absolute_byte_budget_is_met():
+    _, _, _, _ = base = train_step("gpt", 0.0, remat=True, remat_memory_budget=1.0)
+    frontier = thunder_remat.last_save_plan(base[0]).choice.frontier
+    budget = (frontier.smallest.saved_bytes + frontier.fastest.saved_bytes) // 2
+    jm, _, _, saved = train_step("gpt", 0.0, remat=True, remat_memory_budget=f"{budget}B")
+    choice = thunder_remat.last_save_plan(jm).choice
+    assert choice.feasible and choice.target_bytes == budget
+    assert saved.activation_bytes <= budget
+
+
+def test_infeasible_budget_warns_and_uses_the_smallest_plan():
+    with pytest.warns(BudgetInfeasibleWarning, match="smallest plan"):
+        jm, _, _, saved = train_step("gpt", 0.1, remat=True, remat_memory_budget="10B")
+    choice = thunder_remat.last_save_plan(jm).choice
+    assert not choice.feasible and choice.plan is choice.frontier.plans[0]
+    assert saved.activation_bytes <= choice.plan.saved_bytes
+
+
+@pytest.mark.parametrize("solver", ["greedy", "ilp"])  # "dp", the default, runs in every other test
+def test_every_solver_gives_a_correct_plan(solver):
+    base = train_step("mlp", 0.0)
+    jm, out, grads, _ = train_step("mlp", 0.0, remat=True, remat_memory_budget=0.3, remat_solver=solver)
+    assert torch.equal(out, base[1])
+    for g, g0 in zip(grads, base[2]):
+        torch.testing.assert_close(g, g0, atol=1e-5, rtol=1e-4)
+    assert thunder_remat.last_save_plan(jm).choice.plan.saved_bytes <= thunder_remat.last_save_plan(jm).choice.target_bytes
+
+
+def test_a_failing_solve_leaves_thunders_plan_and_warns(monkeypatch):
+    import thunder_remat.whole_graph as wg
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("injected")
+
+    monkeypatch.setattr(wg, "build_frontier", broken)
+    base = train_step("mlp", 0.0)
+    with pytest.warns(UserWarning, match="whole-graph save planning failed.*injected"):
+        jm, out, grads, saved = train_step("mlp", 0.0, remat=True)
+    assert torch.equal(out, base[1])
+    for g, g0 in zip(grads, base[2]):
+        torch.testing.assert_close(g, g0, atol=1e-5, rtol=1e-4)
+    assert thunder_remat.last_save_plan(jm).failed.startswith("RuntimeError")
+    assert "save planning failed" in str(thunder.last_traces(jm)[-1].get_provenance())
+    # the fusion-pair pass still ran on Thunder's plan
+    assert saved.activation_bytes <= base[3].activation_bytes
+
+
+def test_sweep_and_plot(tmp_path):
+    jm, *_ = train_step("gpt", 0.1, remat=True, remat_memory_budget=0.5)
+    points = thunder_remat.sweep_budgets(jm, [1.0, 0.7, 0.5, 0.3, 0.1, 0.0, "100B"])
+    saved = [p.saved_bytes for p in points[:-1]]
+    assert saved == sorted(saved, reverse=True)
+    assert [p.recompute_flops for p in points[:-1]] == sorted(p.recompute_flops for p in points[:-1])
+    assert points[2].saved_bytes == thunder_remat.last_save_plan(jm).choice.plan.saved_bytes
+    assert not points[-1].feasible
+    path = thunder_remat.plot_tradeoff(points, tmp_path / "tradeoff.png", chosen=points[2])
+    import matplotlib.image
+
+    image = matplotlib.image.imread(path)
+    assert image.ndim == 3 and image.shape[0] > 100 and image.shape[1] > 100
+    with pytest.raises(ValueError, match="needs a function jitted with remat=True"):
+        thunder_remat.sweep_budgets(lambda x: x)

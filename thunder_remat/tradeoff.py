@@ -1,0 +1,83 @@
+"""The memory/recompute trade-off: saved bytes and estimated recompute for a list of budgets.
+
+A sweep reuses the plan frontier solved when the function was compiled, so it costs no
+recompilation; ``plot_tradeoff`` draws it (matplotlib, optional extra ``thunder-remat[plot]``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from thunder_remat.budget import parse_budget
+from thunder_remat.save_plan import choose_plan
+
+__all__ = ["SweepPoint", "sweep_budgets", "plot_tradeoff", "DEFAULT_SWEEP"]
+
+DEFAULT_SWEEP = (1.0, 0.9, 0.8, 0.7, 0.6, 0.5, 0.4, 0.3, 0.2, 0.1, 0.0)
+
+
+@dataclass(frozen=True)
+class SweepPoint:
+    budget: object
+    target_bytes: int | None
+    saved_bytes: int
+    recompute_flops: float
+    feasible: bool
+
+
+def _frontier(source):
+    """Accept a jitted function (after one call), a SavePassResult, or a Frontier."""
+    from thunder_remat.plugin import last_save_plan
+
+    if hasattr(source, "plans") and hasattr(source, "fastest"):
+        return source
+    result = source if hasattr(source, "choice") else last_save_plan(source)
+    if result is None or result.choice is None:
+        raise ValueError(
+            "thunder_remat.sweep_budgets needs a function jitted with remat=True (and the whole-graph pass on) "
+            "that has been called once, or a SavePassResult / Frontier"
+        )
+    return result.choice.frontier
+
+
+def sweep_budgets(source, budgets=DEFAULT_SWEEP) -> list[SweepPoint]:
+    """Saved bytes and estimated recompute of the plan each budget would choose."""
+    frontier = _frontier(source)
+    points = []
+    for b in budgets:
+        choice = choose_plan(frontier, parse_budget(b))
+        points.append(
+            SweepPoint(b, choice.target_bytes, choice.plan.saved_bytes, choice.plan.recompute_flops, choice.feasible)
+        )
+    return points
+
+
+def plot_tradeoff(points, path, *, chosen: SweepPoint | None = None, title: str = "thunder_remat trade-off"):
+    """Write a PNG of recompute (x) against saved bytes (y), one labelled point per budget."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError as exc:
+        raise ImportError("plot_tradeoff needs matplotlib: pip install 'thunder-remat[plot]'") from exc
+    if not points:
+        raise ValueError("plot_tradeoff needs at least one SweepPoint")
+    fig, ax = plt.subplots(figsize=(6, 4))
+    xs = [p.recompute_flops for p in points]
+    ys = [p.saved_bytes for p in points]
+    ax.plot(xs, ys, marker="o", linestyle="-", label="plan per budget")
+    for p in points:
+        ax.annotate(f"{p.budget}", (p.recompute_flops, p.saved_bytes), textcoords="offset points", xytext=(4, 4),
+                    fontsize=7)
+    if chosen is not None:
+        ax.plot([chosen.recompute_flops], [chosen.saved_bytes], marker="*", markersize=14, color="red",
+                linestyle="none", label=f"chosen ({chosen.budget})")
+    ax.set_xlabel("estimated recompute (flops)")
+    ax.set_ylabel("saved activation bytes")
+    ax.set_title(title)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, format="png")
+    plt.close(fig)
+    return path
