@@ -9,6 +9,8 @@ import logging
 
 from thunder_remat.config import RematConfig
 from thunder_remat.plugin import Remat, RematFusionExecutor, RematTransform, last_pair_pass, last_save_plan
+from thunder_remat.draw import draw
+from thunder_remat.report import explain
 from thunder_remat.tradeoff import plot_tradeoff, sweep_budgets
 from thunder_remat.policies import (
     DEFAULT_POLICIES,
@@ -21,7 +23,7 @@ from thunder_remat.policies import (
 __all__ = [
     "RematConfig", "Remat", "RematTransform", "RematFusionExecutor", "last_pair_pass", "last_save_plan",
     "DEFAULT_POLICIES", "NeverRecomputeRandom", "NeverRecomputeMatmul", "KeepSmallReductions",
-    "RespectThunderTags", "sweep_budgets", "plot_tradeoff", "__version__",
+    "RespectThunderTags", "sweep_budgets", "plot_tradeoff", "explain", "draw", "__version__",
 ]
 __version__ = "0.1.0"
 

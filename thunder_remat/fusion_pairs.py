@@ -41,6 +41,9 @@ class PairRecord:
     bytes_after: int = 0
     handed_over: tuple[str, ...] = ()
     recomputed: tuple[str, ...] = ()
+    #: the solved flow network (PairNetwork) and its CutResult, for drawings
+    network: object = field(default=None, repr=False, compare=False)
+    cut: object = field(default=None, repr=False, compare=False)
 
 
 @dataclass
@@ -154,7 +157,7 @@ def rematerialize_fusion_pairs(
                 same_executor=same,
                 producer_input_discount=config.producer_input_discount,
             )
-            _, cut, plan = solve_pair(problem)
+            pair_network, cut, plan = solve_pair(problem)
             rewritten = rewrite_pair(producer, consumer, plan, external_outputs=external, pinned=problem.pinned)
         except Exception as exc:  # containment: a pair we cannot handle keeps Thunder's regions
             warnings.warn(f"thunder_remat: left fusion pair {name} untouched: {type(exc).__name__}: {exc}")
@@ -171,6 +174,8 @@ def rematerialize_fusion_pairs(
                 rewritten.bytes_after,
                 rewritten.handed_over,
                 rewritten.recomputed,
+                network=pair_network,
+                cut=cut,
             )
         )
         log.debug("pair %s: %s, cut %s, recomputed %s", name, status, cut.value, rewritten.recomputed)

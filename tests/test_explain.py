@@ -1,0 +1,92 @@
+"""explain(): report totals equal what a real forward saves; every saved value has a reason; draw()."""
+
+import json
+
+import pytest
+import thunder
+
+import thunder_remat
+from thunder_remat.executors.eager import eager_fusion_ex, make_eager_executor
+from thunder_remat.measure import saved_for_backward
+from thunder_remat.models import build_model, example_batch
+
+
+def jit_and_run(name, **options):
+    model = build_model(name, "tiny", dropout=0.1 if name == "gpt" else None)
+    jm = thunder.jit(model, executors=[eager_fusion_ex], remat=True, **options)
+    _, saved = saved_for_backward(jm, example_batch(model))
+    return jm, saved
+
+
+@pytest.mark.parametrize("name,budget", [("gpt", 1.0), ("gpt", 0.3), ("llama", 0.5), ("mlp", 1.0)])
+def test_report_totals_equal_the_bytes_really_saved(name, budget):
+    jm, saved = jit_and_run(name, remat_memory_budget=budget)
+    report = thunder_remat.explain(jm)
+    assert report.activation_bytes == saved.activation_bytes
+    assert sum(v.activation for v in report.saved) == saved.activation_count
+    assert report.saved_bytes == saved.nbytes
+    for v in report.saved:
+        assert v.reason and v.nbytes >= 0
+        if v.activation:
+            assert v.op and not v.reason.startswith("input")
+        else:
+            assert v.reason.startswith("input")
+    as_dict = json.loads(json.dumps(report.to_dict()))
+    assert as_dict["activation_bytes"] == saved.activation_bytes
+    text = str(report)
+    assert "saved for backward" in text and f"{report.activation_bytes:,} B" in text
+
+
+def test_random_values_are_explained_as_not_recomputable():
+    jm, _ = jit_and_run("gpt", remat_memory_budget=0.0)
+    reasons = [v.reason for v in thunder_remat.explain(jm).saved if v.activation]
+    assert reasons and all("random op" in r or "minimum cut" in r for r in reasons)
+    assert any("random op" in r for r in reasons)
+
+
+def test_draw_whole_graph_marks_the_cut(tmp_path):
+    jm, _ = jit_and_run("mlp", remat_memory_budget=1.0)
+    plan = thunder_remat.last_save_plan(jm).choice.plan
+    dot = thunder_remat.draw(jm, path=tmp_path / "cut.dot")
+    assert (tmp_path / "cut.dot").read_text() == dot
+    red = [line for line in dot.splitlines() if 'color="red"' in line]
+    saved_activations = [n for n in plan.saved if not thunder_remat.last_save_plan(jm).problem.values[n].is_input]
+    assert len(red) >= len(saved_activations) >= 1
+    for name in saved_activations:
+        assert f'label="{name}:in"' in dot and f'label="{name}:out"' in dot
+    assert "source" in dot and "sink" in dot and 'label="inf"' in dot
+
+
+def test_draw_a_fusion_pair():
+    ex = make_eager_executor("remat_eager_draw", exclude=("torch.matmul", "linear", thunder.prims.PrimIDs.LINEAR,
+                                                          thunder.prims.PrimIDs.MATMUL, "torch.nn.functional.linear"))
+    model = build_model("mlp", "tiny")
+    jm = thunder.jit(model, executors=[ex], remat=True, remat_whole_graph=False)
+    jm(example_batch(model)).sum().backward()
+    pairs = thunder_remat.last_pair_pass(jm).pairs
+    assert pairs
+    dot = thunder_remat.draw(jm, pair=0)
+    assert f"cut {pairs[0].cut_value:g} B" in dot
+    with pytest.raises(ValueError, match="pair must be an index or one of"):
+        thunder_remat.draw(jm, pair="nope")
+
+
+def test_render_without_graphviz_says_how_to_install(tmp_path, monkeypatch):
+    import builtins
+
+    real_import = builtins.__import__
+
+    def no_graphviz(name, *args, **kwargs):
+        if name == "graphviz":
+            raise ImportError("no graphviz")
+        return real_import(name, *args, **kwargs)
+
+    jm, _ = jit_and_run("mlp")
+    monkeypatch.setattr(builtins, "__import__", no_graphviz)
+    with pytest.raises(ImportError, match=r"thunder-remat\[draw\]"):
+        thunder_remat.draw(jm, path=tmp_path / "cut.png")
+
+
+def test_explain_needs_a_called_function():
+    with pytest.raises(ValueError, match="called once"):
+        thunder_remat.explain(thunder.jit(lambda x: x))

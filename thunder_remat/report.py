@@ -1,0 +1,176 @@
+"""``thunder_remat.explain(jm)``: what the forward saves for backward, how many bytes, and why.
+
+The saved values are read from the forward trace Thunder will run (``thunder.last_traces(jm)[-1]``
+returns them as its second output), so the report's totals are what a real forward keeps. Each is
+explained from the whole-graph plan and the fusion-pair records of the same compilation.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+__all__ = ["SavedValue", "RecomputedValue", "RematReport", "explain"]
+
+
+@dataclass(frozen=True)
+class SavedValue:
+    name: str
+    shape: tuple
+    dtype: str
+    nbytes: int
+    #: counted in the activation totals (False for inputs and parameters, which are held anyway)
+    activation: bool
+    op: str
+    source: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class RecomputedValue:
+    name: str
+    op: str
+    #: "backward" (whole-graph pass) or the consumer region that recomputes it (fusion-pair pass)
+    where: str
+
+
+@dataclass
+class RematReport:
+    saved: list[SavedValue] = field(default_factory=list)
+    recomputed: list[RecomputedValue] = field(default_factory=list)
+    #: activation bytes the backward would read without thunder_remat (the joint trace's plan)
+    activation_bytes_before: int | None = None
+    budget: str = ""
+    budget_feasible: bool = True
+    times_ms: dict = field(default_factory=dict)
+    pairs: list[dict] = field(default_factory=list)
+
+    @property
+    def activation_bytes(self) -> int:
+        return sum(v.nbytes for v in self.saved if v.activation)
+
+    @property
+    def saved_bytes(self) -> int:
+        return sum(v.nbytes for v in self.saved)
+
+    def to_dict(self) -> dict:
+        return {
+            "saved": [asdict(v) for v in self.saved],
+            "recomputed": [asdict(v) for v in self.recomputed],
+            "activation_bytes": self.activation_bytes,
+            "activation_bytes_before": self.activation_bytes_before,
+            "saved_bytes": self.saved_bytes,
+            "budget": self.budget,
+            "budget_feasible": self.budget_feasible,
+            "times_ms": dict(self.times_ms),
+            "pairs": list(self.pairs),
+        }
+
+    def __str__(self) -> str:
+        lines = ["thunder_remat report"]
+        if self.budget:
+            lines.append(f"  budget: {self.budget}{'' if self.budget_feasible else ' (infeasible: smallest plan used)'}")
+        before = "?" if self.activation_bytes_before is None else f"{self.activation_bytes_before:,}"
+        lines.append(f"  saved activations: {before} B -> {self.activation_bytes:,} B "
+                     f"({sum(v.activation for v in self.saved)} tensors; {self.saved_bytes:,} B with inputs)")
+        if self.times_ms:
+            lines.append("  pass times: " + ", ".join(f"{k} {v:.1f} ms" for k, v in self.times_ms.items()))
+        lines.append("  saved for backward:")
+        width = max((len(v.name) for v in self.saved), default=4)
+        for v in sorted(self.saved, key=lambda v: (-v.nbytes, v.name)):
+            shape = "x".join(str(d) for d in v.shape) or "scalar"
+            where = f" at {v.source}" if v.source else ""
+            lines.append(f"    {v.name:<{width}} {shape:>14} {v.dtype:<14} {v.nbytes:>12,} B  {v.op}{where}: {v.reason}")
+        if self.recomputed:
+            lines.append(f"  recomputed ({len(self.recomputed)}):")
+            for r in self.recomputed:
+                lines.append(f"    {r.name} ({r.op}) in {r.where}")
+        for p in self.pairs:
+            lines.append(f"  pair {p['producer']} -> {p['consumer']}: {p['status']}, cut {p['cut_value']:g} B, "
+                         f"recomputes {len(p['recomputed'])}")
+        return "\n".join(lines)
+
+
+def _reason(name, problem, plan, producer, is_input) -> str:
+    if is_input:
+        return "input (held in memory anyway)"
+    op = producer.get(name)
+    if op is None:
+        return "saved by Thunder's split (not a value of the analysed forward)"
+    if op.hard_ban:
+        return f"cannot be recomputed: {op.hard_ban}"
+    if op.index in plan.kept_bans and op.soft_ban:
+        return f"policy keeps it: {op.soft_ban}"
+    if op.soft_ban:
+        return f"budget: {op.soft_ban} kept as the knapsack chose"
+    blocked = [
+        f"{dep} ({producer[dep].op}: {producer[dep].hard_ban})"
+        for dep in op.inputs
+        if dep in producer and producer[dep].hard_ban and dep not in plan.saved
+    ]
+    if blocked:
+        return "cheaper to save than to recompute (minimum cut); recomputing needs " + ", ".join(blocked)
+    return "cheaper to save than to recompute (minimum cut)"
+
+
+def explain(jitted) -> RematReport:
+    """The report for the latest compilation of ``jitted`` (call it once first)."""
+    import thunder
+    from thunder.core.proxies import TensorProxy
+    from thunder.core.pytree import tree_flatten
+
+    from thunder_remat.cost import value_bytes
+    from thunder_remat.plugin import last_pair_pass, last_save_plan
+
+    try:
+        fw = thunder.last_traces(jitted)[-1]
+    except Exception as exc:
+        raise ValueError("thunder_remat.explain needs a thunder.jit-ed function that has been called once") from exc
+    save = last_save_plan(jitted)
+    pairs = last_pair_pass(jitted)
+    report = RematReport()
+    problem = plan = None
+    producer = {}
+    if save is not None and save.choice is not None:
+        problem, plan = save.problem, save.choice.plan
+        producer = problem.producer_of()
+        report.activation_bytes_before = save.saved_bytes_before
+        report.budget = "none" if save.budget is None else f"{save.budget[0]} {save.budget[1]:g}"
+        if save.choice.target_bytes is not None:
+            report.budget += f" = {save.choice.target_bytes:,} B"
+        report.budget_feasible = save.choice.feasible
+        report.times_ms["whole-graph analysis"] = save.analysis_ms
+        report.times_ms["whole-graph solve"] = save.solve_ms
+        report.times_ms["whole-graph rewrite"] = save.rewrite_ms
+        ops = {op.index: op for op in problem.ops}
+        for i in plan.recomputed:
+            for name in ops[i].outputs:
+                report.recomputed.append(RecomputedValue(name, ops[i].op, "backward"))
+
+    args = {p.name for p in tree_flatten((fw.args, fw.kwargs))[0] if hasattr(p, "name")}
+    flat, _ = tree_flatten(fw.output[1] if isinstance(fw.output, tuple) and len(fw.output) > 1 else ())
+    seen = set()
+    for p in flat:
+        if not isinstance(p, TensorProxy) or p.name in seen:
+            continue
+        seen.add(p.name)
+        is_input = p.name in args or (problem is not None and p.name in problem.values and problem.values[p.name].is_input)
+        op = producer.get(p.name)
+        reason = _reason(p.name, problem, plan, producer, is_input) if problem is not None else (
+            "input (held in memory anyway)" if is_input else "read by the backward (whole-graph pass off)")
+        report.saved.append(SavedValue(
+            name=p.name, shape=tuple(int(d) if isinstance(d, int) else str(d) for d in p.shape),
+            dtype=str(p.dtype).replace("thunder.dtypes.", ""), nbytes=value_bytes(p), activation=not is_input,
+            op=op.op if op else "", source=op.source if op else "", reason=reason,
+        ))
+    if pairs is not None:
+        report.times_ms["fusion pairs solve"] = pairs.solve_ms
+        report.times_ms["fusion pairs re-emit"] = pairs.reemit_ms
+        for rec in pairs.pairs:
+            report.pairs.append({
+                "producer": rec.producer, "consumer": rec.consumer, "status": rec.status,
+                "cut_value": rec.cut_value, "bytes_before": rec.bytes_before, "bytes_after": rec.bytes_after,
+                "handed_over": list(rec.handed_over), "recomputed": list(rec.recomputed),
+            })
+            for name in rec.recomputed:
+                report.recomputed.append(RecomputedValue(name, "", rec.consumer))
+    return report
