@@ -1,18 +1,39 @@
-"""The README's main job, end to end on the smallest model."""
+"""The README's main job, end to end on the smallest model; its outputs exist and parse."""
+
+import json
 
 import pytest
 
 from thunder_remat.__main__ import main
 
 
-def test_main_job_prints_table(capsys):
-    assert main(["--model", "mlp", "--size", "tiny", "--executor", "eager"]) == 0
-    out = capsys.readouterr().out
-    assert "bytes saved for backward" in out
-    assert "gradients equal to the run without the pass" in out and "yes" in out
+def test_main_job_prints_table_and_writes_outputs(capsys, tmp_path):
+    out_dir = tmp_path / "out"
+    assert main(["--model", "mlp", "--size", "tiny", "--executor", "eager", "--budget", "0.5",
+                 "--output-dir", str(out_dir)]) == 0
+    captured = capsys.readouterr()
+    assert "bytes saved for backward" in captured.out
+    assert "gradients equal to the run without the pass" in captured.out and "yes" in captured.out
+    assert "[3/3]" in captured.err
+    report = json.loads((out_dir / "report.json").read_text())
+    assert report["budget"].startswith("fraction 0.5") and report["saved"]
+    assert all(v["reason"] for v in report["saved"])
+    sweep = json.loads((out_dir / "sweep.json").read_text())
+    assert [p["budget"] for p in sweep][0] == 1.0 and len(sweep) == 11
+    assert (out_dir / "tradeoff.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert (out_dir / "cut.dot").read_text().startswith("digraph")
+    compile((out_dir / "forward_trace.py").read_text(), "forward_trace.py", "exec")
+    compile((out_dir / "backward_trace.py").read_text(), "backward_trace.py", "exec")
+    assert "saved for backward" in (out_dir / "report.txt").read_text()
 
 
 def test_main_job_rejects_unknown_model(capsys):
     with pytest.raises(SystemExit):
         main(["--model", "resnet"])
     assert "invalid choice: 'resnet'" in capsys.readouterr().err
+
+
+def test_main_job_rejects_bad_budget(capsys):
+    with pytest.raises(SystemExit):
+        main(["--budget", "lots"])
+    assert "remat_memory_budget" in capsys.readouterr().err

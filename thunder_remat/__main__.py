@@ -1,11 +1,16 @@
 """The main job: jit a built-in model with and without thunder_remat and compare.
 
-    python -m thunder_remat                 # tiny GPT, light eager fusion executor
-    python -m thunder_remat --model llama --size small --executor torchcompile
+    python -m thunder_remat                 # tiny GPT, light eager fusion executor, budget 1.0
+    python -m thunder_remat --model llama --size small --executor torchcompile --budget 0.5
+    python -m thunder_remat --budget 2MiB --output-dir out/
 
 Prints a before/after table: tensors and bytes saved for backward (measured in a real forward
-with saved_tensors_hooks), fusion pairs visited/rewritten, pass time, and whether gradients
-equal the run without the pass. Exits with status 1 if they do not.
+with saved_tensors_hooks), what the whole-graph and fusion-pair passes did, pass times, and
+whether gradients equal the run without the pass (exit status 1 if they do not). Writes to the
+output folder (default ``thunder_remat_out``): ``report.txt`` and ``report.json`` (every saved value
+and why), ``tradeoff.png`` (saved bytes vs estimated recompute over a budget sweep, if matplotlib
+is installed), ``sweep.json``, ``cut.dot`` (the whole-graph cut) and the rewritten forward and
+backward traces.
 """
 
 from __future__ import annotations
@@ -32,8 +37,23 @@ def parse_args(argv=None) -> argparse.Namespace:
     )
     p.add_argument("--device", default="cpu", help="torch device (default: cpu)")
     p.add_argument("--dropout", type=float, default=0.0, help="dropout probability for gpt (default: 0)")
+    p.add_argument("--budget", default="1.0", type=_budget,
+                   help="remat_memory_budget: a fraction in [0, 1], or bytes such as 2MiB (default: 1.0)")
+    p.add_argument("--output-dir", default="thunder_remat_out",
+                   help="folder for the report, plot, drawing and traces (default: thunder_remat_out)")
     p.add_argument("-v", "--verbose", action="store_true", help="log what the pass does")
     return p.parse_args(argv)
+
+
+def _budget(text: str):
+    from thunder_remat.budget import parse_budget
+
+    try:
+        value = float(text) if text.replace(".", "", 1).isdigit() and "." in text else text
+        parse_budget(value)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return value
 
 
 def measure(args, executor, **options) -> dict:
@@ -51,13 +71,49 @@ def measure(args, executor, **options) -> dict:
     torch.manual_seed(0)
     out, saved = saved_for_backward(jm, x)
     out.float().pow(2).mean().backward()
-    result = thunder_remat.last_pair_pass(jm)
     return {
+        "jitted": jm,
         "saved": saved,
         "grads": [p.grad.detach().clone() for p in model.parameters()],
         "first_step_s": time.perf_counter() - start,
-        "pairs": result,
+        "pairs": thunder_remat.last_pair_pass(jm),
+        "plan": thunder_remat.last_save_plan(jm),
     }
+
+
+def write_outputs(folder, jm, report) -> list[str]:
+    """The report, sweep, plot, drawing and traces; returns the files written."""
+    import json
+    from pathlib import Path
+
+    import thunder
+
+    import thunder_remat
+
+    out = Path(folder)
+    out.mkdir(parents=True, exist_ok=True)
+    written = []
+
+    def put(name, text):
+        (out / name).write_text(text)
+        written.append(str(out / name))
+
+    put("report.txt", str(report) + "\n")
+    put("report.json", json.dumps(report.to_dict(), indent=2, default=str) + "\n")
+    put("forward_trace.py", str(thunder.last_traces(jm)[-1]))
+    put("backward_trace.py", str(thunder.last_backward_traces(jm)[-1]))
+    if thunder_remat.last_save_plan(jm) is not None and thunder_remat.last_save_plan(jm).choice is not None:
+        points = thunder_remat.sweep_budgets(jm)
+        put("sweep.json", json.dumps([p.__dict__ for p in points], indent=2) + "\n")
+        put("cut.dot", thunder_remat.draw(jm))
+        chosen = thunder_remat.last_save_plan(jm).choice.plan
+        mark = thunder_remat.tradeoff.SweepPoint("chosen", None, chosen.saved_bytes, chosen.recompute_flops, True)
+        try:
+            thunder_remat.plot_tradeoff(points, out / "tradeoff.png", chosen=mark)
+            written.append(str(out / "tradeoff.png"))
+        except ImportError as exc:
+            log.warning("%s; tradeoff.png not written", exc)
+    return written
 
 
 def main(argv=None) -> int:
@@ -66,7 +122,8 @@ def main(argv=None) -> int:
     print(f"thunder-remat: {args.model} ({args.size}) with the {args.executor} fusion executor on {args.device}", file=sys.stderr)
     import torch
 
-    import thunder_remat  # noqa: F401  (registers the plugin)
+    import thunder_remat
+    import thunder_remat.tradeoff
 
     from thunder_remat.executors import fusion_executor_by_name
 
@@ -74,19 +131,31 @@ def main(argv=None) -> int:
         executor = fusion_executor_by_name(args.executor)
     except RuntimeError as exc:
         raise SystemExit(f"thunder-remat: {exc}") from None
-    print("  [1/2] compiling and running without thunder_remat (Thunder's built-in pass) ...", file=sys.stderr)
+    print("  [1/3] compiling and running without thunder_remat (Thunder's built-in pass) ...", file=sys.stderr)
     before = measure(args, executor)
-    print("  [2/2] compiling and running with thunder_remat ...", file=sys.stderr)
-    after = measure(args, executor, remat=True)
+    print(f"  [2/3] compiling and running with thunder_remat (budget {args.budget}) ...", file=sys.stderr)
+    after = measure(args, executor, remat=True, remat_memory_budget=args.budget)
 
     same = all(torch.allclose(a, b, atol=1e-5, rtol=1e-4) for a, b in zip(before["grads"], after["grads"]))
-    pairs = after["pairs"]
+    pairs, plan = after["pairs"], after["plan"]
     rows = [
         ("tensors saved for backward", before["saved"].count, after["saved"].count),
         ("bytes saved for backward", before["saved"].nbytes, after["saved"].nbytes),
-        ("fusion pairs visited / rewritten", "-", f"{len(pairs.pairs)} / {sum(p.status == 'rewritten' for p in pairs.pairs)}"),
-        ("bytes crossing fusion pairs (before -> after the pass)", "-", f"{pairs.bytes_before} -> {pairs.bytes_after}"),
-        ("pair pass time (ms)", "-", f"{pairs.solve_ms:.1f} (+{pairs.reemit_ms:.1f} re-emit)"),
+        ("activation bytes saved (not inputs/params)", before["saved"].activation_bytes, after["saved"].activation_bytes),
+    ]
+    if plan is not None and plan.choice is not None:
+        rows += [
+            ("whole-graph: forward ops recomputed in backward", "-", len(plan.choice.plan.recomputed)),
+            ("whole-graph: est. recompute (flops)", "-", f"{plan.choice.plan.recompute_flops:.3g}"),
+            ("whole-graph pass time (ms)", "-", f"{plan.analysis_ms + plan.solve_ms + plan.rewrite_ms:.1f}"),
+        ]
+    if pairs is not None:
+        rows += [
+            ("fusion pairs visited / rewritten", "-", f"{len(pairs.pairs)} / {sum(p.status == 'rewritten' for p in pairs.pairs)}"),
+            ("bytes crossing fusion pairs (before -> after)", "-", f"{pairs.bytes_before} -> {pairs.bytes_after}"),
+            ("pair pass time (ms)", "-", f"{pairs.solve_ms:.1f} (+{pairs.reemit_ms:.1f} re-emit)"),
+        ]
+    rows += [
         ("first step incl. compile (s)", f"{before['first_step_s']:.1f}", f"{after['first_step_s']:.1f}"),
         ("gradients equal to the run without the pass", "-", "yes" if same else "NO"),
     ]
@@ -94,6 +163,9 @@ def main(argv=None) -> int:
     print(f"{'':{width}}  {'Thunder':>14}  {'thunder_remat':>22}")
     for label, b, a in rows:
         print(f"{label:{width}}  {str(b):>14}  {str(a):>22}")
+    print(f"  [3/3] writing the report, sweep, plot, drawing and traces to {args.output_dir}/ ...", file=sys.stderr)
+    written = write_outputs(args.output_dir, after["jitted"], thunder_remat.explain(after["jitted"]))
+    print(f"wrote {len(written)} files to {args.output_dir}/: " + ", ".join(p.rsplit("/", 1)[-1] for p in written))
     return 0 if same else 1
 
 
