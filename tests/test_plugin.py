@@ -69,6 +69,14 @@ def test_plugin_name_registered():
         ({"remat": "yes"}, "'remat' must be one of \\[True, False\\]"),
         ({"remat": True, "remat_fusion_pairs": 1}, "'remat_fusion_pairs' must be one of"),
         ({"remat": True, "remat_producer_input_discount": 2.0}, "number in \\[0, 1\\]"),
+        ({"remat": True, "remat_memory_budget": -0.1}, "'remat_memory_budget' must be a fraction in \\[0, 1\\]"),
+        ({"remat": True, "remat_memory_budget": 1.5}, "'remat_memory_budget' must be a fraction in \\[0, 1\\]"),
+        ({"remat": True, "remat_memory_budget": "lots"}, "size string such as '2GiB'.*got 'lots'"),
+        ({"remat": True, "remat_memory_budget": 1}, "ambiguous"),
+        ({"remat": True, "remat_solver": "magic"}, "'remat_solver' must be one of \\['greedy', 'dp', 'ilp'\\]"),
+        ({"remat": True, "remat_policies": "fast"}, "'remat_policies' must be a tuple of policies"),
+        ({"remat": True, "remat_policies": (object(),)}, "has no judge"),
+        ({"remat": True, "remat_whole_graph": "no"}, "'remat_whole_graph' must be one of"),
     ],
 )
 def test_bad_compile_options_name_the_option(options, message):
@@ -84,3 +92,36 @@ def test_bad_plugin_arguments():
         thunder_remat.RematTransform(config={"enabled": True})
     with pytest.raises(ValueError, match="'remat' must be one of"):
         RematConfig(enabled=None)
+
+
+@pytest.mark.parametrize(
+    "value,expected",
+    [
+        (0.5, ("fraction", 0.5)),
+        ("50%", ("fraction", 0.5)),
+        (0.0, ("fraction", 0.0)),
+        (4096, ("bytes", 4096.0)),
+        ("2GiB", ("bytes", 2.0 * 2**30)),
+        ("1.5 MB", ("bytes", 1.5e6)),
+        ("100B", ("bytes", 100.0)),
+        ("0B", ("bytes", 0.0)),
+        (None, None),
+    ],
+)
+def test_budget_forms(value, expected):
+    assert RematConfig(memory_budget=value).budget == expected
+
+
+def test_policies_compose_and_are_validated():
+    strict = (thunder_remat.NeverRecomputeRandom(), thunder_remat.NeverRecomputeMatmul(hard=True))
+    config = RematConfig(policies=list(strict))
+    assert config.policies == strict and hash(config)
+    with pytest.raises(ValueError, match="not hashable"):
+
+        class Unhashable:
+            __hash__ = None
+
+            def judge(self, op):
+                return None
+
+        RematConfig(policies=(Unhashable(),))

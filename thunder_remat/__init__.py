@@ -12,6 +12,7 @@ from thunder_remat.plugin import Remat, RematFusionExecutor, RematTransform, las
 from thunder_remat.draw import draw
 from thunder_remat.report import explain
 from thunder_remat.tradeoff import plot_tradeoff, sweep_budgets
+from thunder_remat.verify import VerificationError, verify
 from thunder_remat.policies import (
     DEFAULT_POLICIES,
     KeepSmallReductions,
@@ -23,9 +24,9 @@ from thunder_remat.policies import (
 __all__ = [
     "RematConfig", "Remat", "RematTransform", "RematFusionExecutor", "last_pair_pass", "last_save_plan",
     "DEFAULT_POLICIES", "NeverRecomputeRandom", "NeverRecomputeMatmul", "KeepSmallReductions",
-    "RespectThunderTags", "sweep_budgets", "plot_tradeoff", "explain", "draw", "__version__",
+    "RespectThunderTags", "sweep_budgets", "plot_tradeoff", "explain", "draw", "verify", "VerificationError", "__version__",
 ]
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 logging.getLogger(__name__).addHandler(logging.NullHandler())
 

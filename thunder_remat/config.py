@@ -37,9 +37,11 @@ class RematConfig:
     solver: str = "dp"
     #: Which forward ops may be recomputed (see thunder_remat.policies).
     policies: tuple = DEFAULT_POLICIES
+    #: Check every rewritten trace with thunder_remat.verify; a rewrite that fails is undone (with a warning).
+    verify: bool = True
 
     def __post_init__(self) -> None:
-        for name in ("enabled", "fusion_pairs", "whole_graph"):
+        for name in ("enabled", "fusion_pairs", "whole_graph", "verify"):
             _check_choice(name, getattr(self, name), _BOOLS)
         _check_choice("solver", self.solver, KNAPSACK_SOLVERS)
         parse_budget(self.memory_budget)

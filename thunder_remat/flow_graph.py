@@ -73,44 +73,46 @@ def value_capacity(problem: PairProblem, name: str, size: int) -> float:
     return float(size)
 
 
+def _in_node(k: int) -> int:
+    """Node id of the IN side of the ``k``-th value (ids 0 and 1 are the source and the sink)."""
+    return 2 + 2 * k
+
+
 def build_network(problem: PairProblem) -> PairNetwork:
     nodes: list[ValueNode | Terminal] = [Terminal.SOURCE, Terminal.SINK]
-    index: dict[ValueNode | Terminal, int] = {Terminal.SOURCE: 0, Terminal.SINK: 1}
     for name in problem.values:
-        for side in (Side.IN, Side.OUT):
-            node = ValueNode(name, side)
-            index[node] = len(nodes)
-            nodes.append(node)
+        nodes.append(ValueNode(name, Side.IN))
+        nodes.append(ValueNode(name, Side.OUT))
+    at = {name: _in_node(k) for k, name in enumerate(problem.values)}
+    source, sink = 0, 1
 
     edges: list[tuple[int, int]] = []
     caps: list[float] = []
-
-    def edge(u, v, cap: float) -> None:
-        edges.append((index[u], index[v]))
-        caps.append(cap)
-
     for name, size in zip(problem.values, problem.nbytes):
-        edge(ValueNode(name, Side.IN), ValueNode(name, Side.OUT), value_capacity(problem, name, size))
+        edges.append((at[name], at[name] + 1))
+        caps.append(value_capacity(problem, name, size))
     for name in problem.values:
         if name in problem.producer_inputs or name in problem.pinned:
-            edge(Terminal.SOURCE, ValueNode(name, Side.IN), math.inf)
+            edges.append((source, at[name]))
+            caps.append(math.inf)
     for ins, outs in problem.ops:
         for a in ins:
             for b in outs:
-                edge(ValueNode(a, Side.OUT), ValueNode(b, Side.IN), math.inf)
+                edges.append((at[a] + 1, at[b]))
+                caps.append(math.inf)
     for name in problem.needed:
-        edge(ValueNode(name, Side.OUT), Terminal.SINK, math.inf)
+        edges.append((at[name] + 1, sink))
+        caps.append(math.inf)
 
-    network = FlowNetwork(len(nodes), tuple(edges), tuple(caps), index[Terminal.SOURCE], index[Terminal.SINK])
+    network = FlowNetwork(len(nodes), tuple(edges), tuple(caps), source, sink)
     return PairNetwork(network, tuple(nodes))
 
 
 def plan_from_cut(problem: PairProblem, pair_network: PairNetwork, cut: CutResult) -> PairPlan:
-    ids = {node: i for i, node in enumerate(pair_network.nodes)}
     transferred, recomputed = [], []
-    for name in problem.values:
-        in_src = ids[ValueNode(name, Side.IN)] in cut.source_side
-        out_src = ids[ValueNode(name, Side.OUT)] in cut.source_side
+    for k, name in enumerate(problem.values):
+        in_src = _in_node(k) in cut.source_side
+        out_src = _in_node(k) + 1 in cut.source_side
         if in_src and not out_src:
             transferred.append(name)
         elif not in_src and name not in problem.producer_inputs:

@@ -14,6 +14,8 @@ executor on the joint forward+backward trace.
 
 from __future__ import annotations
 
+import warnings
+
 from thunder.core.compile_data import get_compile_data, get_compile_option
 from thunder.core.recipe import Plugin, PluginPolicy
 from thunder.core.trace import from_trace
@@ -24,6 +26,7 @@ from thunder_remat.config import COMPILE_OPTIONS, RematConfig, config_from_optio
 from thunder_remat.executors import adapter_for
 from thunder_remat.executors.pipeline import record_provenance
 from thunder_remat.fusion_pairs import PairPassResult, rematerialize_fusion_pairs
+from thunder_remat.verify import verify
 from thunder_remat.whole_graph import SavePassResult, plan_saved_values
 
 __all__ = ["RematFusionExecutor", "RematTransform", "Remat", "resolve_config", "last_pair_pass", "last_save_plan"]
@@ -42,6 +45,14 @@ class RematFusionExecutor(FusionExecutor):
         if not (self.config.enabled and self.config.fusion_pairs):
             return trace
         result = rematerialize_fusion_pairs(trace, self.config, adapter_for=adapter_for, finalize=_finalize)
+        if self.config.verify and result.trace is not trace:
+            problems = verify(trace, result.trace)
+            if problems:
+                warnings.warn(
+                    "thunder_remat: the fusion-pair rewrite failed verification and is undone: " + "; ".join(problems)
+                )
+                result.abandoned = "verification failed: " + "; ".join(problems)
+                result.trace = trace
         record_provenance(result.provenance())
         cd = get_compile_data()
         if cd is not None:

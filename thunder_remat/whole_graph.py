@@ -16,6 +16,7 @@ from thunder_remat.joint_analysis import build_save_problem
 from thunder_remat.recompute_rewrite import insert_recomputation
 from thunder_remat.save_plan import BudgetChoice, build_frontier, choose_plan
 from thunder_remat.save_problem import SaveProblem
+from thunder_remat.verify import verify
 
 __all__ = ["SavePassResult", "plan_saved_values", "BudgetInfeasibleWarning"]
 
@@ -76,7 +77,10 @@ def plan_saved_values(trace, config) -> SavePassResult:
         result.choice = choice
         end = time.perf_counter()
         result.solve_ms = (end - mid) * 1e3
-        result.trace = insert_recomputation(trace, choice.plan.recomputed)
+        new = insert_recomputation(trace, choice.plan.recomputed)
+        if config.verify:
+            verify(trace, new, saved=choice.plan.saved, raise_on_error=True)
+        result.trace = new
         result.rewrite_ms = (time.perf_counter() - end) * 1e3
     except Exception as exc:  # containment: leave the trace as Thunder made it
         result.trace = trace

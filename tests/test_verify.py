@@ -1,0 +1,111 @@
+"""verify() catches broken rewrites; a rewrite that fails verification is undone with a warning."""
+
+import pytest
+import thunder
+import torch
+from thunder.core.trace import from_trace
+
+import thunder_remat
+from thunder_remat.executors.eager import eager_fusion_ex
+from thunder_remat.models import build_model, example_batch
+
+
+def joint_traces(name="gpt", dropout=0.1, budget=0.0):
+    """(Thunder's joint trace, thunder_remat's rewrite of it, the plan) for a tiny model."""
+    seen = []
+    import thunder_remat.whole_graph as wg
+
+    original = wg.insert_recomputation
+
+    def spy(trace, recomputed):
+        new = original(trace, recomputed)
+        seen.append((trace, new))
+        return new
+
+    wg.insert_recomputation = spy
+    try:
+        model = build_model(name, "tiny", dropout=dropout)
+        jm = thunder.jit(model, executors=[eager_fusion_ex], remat=True, remat_memory_budget=budget)
+        jm(example_batch(model)).sum().backward()
+    finally:
+        wg.insert_recomputation = original
+    before, after = seen[-1]
+    return before, after, thunder_remat.last_save_plan(jm).choice.plan
+
+
+def test_a_sound_rewrite_passes():
+    before, after, plan = joint_traces()
+    assert thunder_remat.verify(before, after, saved=plan.saved) == []
+    assert thunder_remat.verify(before, before) == []
+
+
+def test_use_before_definition_is_caught():
+    before, after, _ = joint_traces()
+    broken = from_trace(after)
+    bsyms = list(after.bound_symbols)
+    i = next(k for k, b in enumerate(bsyms) if any(p.name.startswith("rc_") for p in b.flat_proxy_outs))
+    broken.bound_symbols = bsyms[:i] + bsyms[i + 1:]
+    problems = thunder_remat.verify(before, broken)
+    assert any("before it is produced" in p for p in problems)
+    with pytest.raises(thunder_remat.VerificationError):
+        thunder_remat.verify(before, broken, raise_on_error=True)
+
+
+def test_duplicated_random_op_is_caught():
+    before, after, _ = joint_traces()
+    uniform = next(b for b in after.bound_symbols if b.sym.name == "uniform")
+    broken = from_trace(after)
+    broken.bound_symbols = [uniform, *after.bound_symbols]
+    assert any("uniform runs 2 times" in p for p in thunder_remat.verify(before, broken))
+
+
+def test_changed_outputs_and_unsaved_reads_are_caught():
+    before, after, plan = joint_traces()
+    other_before, *_ = joint_traces("mlp", None)
+    assert "the trace no longer returns the same values" in thunder_remat.verify(other_before, after)
+    problems = thunder_remat.verify(before, before, saved=())
+    assert any("which the plan does not save" in p for p in problems)
+
+
+def test_a_rewrite_failing_verification_is_undone(monkeypatch):
+    import thunder_remat.whole_graph as wg
+
+    original = wg.insert_recomputation
+
+    def drop_first_recomputation(trace, recomputed):
+        new = original(trace, recomputed)
+        bsyms = list(new.bound_symbols)
+        i = next(k for k, b in enumerate(bsyms) if any(p.name.startswith("rc_") for p in b.flat_proxy_outs))
+        new.bound_symbols = bsyms[:i] + bsyms[i + 1:]
+        return new
+
+    model = build_model("gpt", "tiny", dropout=0.1)
+    x = example_batch(model)
+    base = thunder.jit(model, executors=[eager_fusion_ex])
+    torch.manual_seed(0)
+    out0 = base(x)
+    out0.float().pow(2).mean().backward()
+    grads0 = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad()
+
+    monkeypatch.setattr(wg, "insert_recomputation", drop_first_recomputation)
+    jm = thunder.jit(model, executors=[eager_fusion_ex], remat=True, remat_memory_budget=0.0)
+    torch.manual_seed(0)
+    with pytest.warns(UserWarning, match="whole-graph save planning failed.*VerificationError"):
+        out = jm(x)
+    out.float().pow(2).mean().backward()
+    assert torch.equal(out, out0)
+    for p, g0 in zip(model.parameters(), grads0):
+        torch.testing.assert_close(p.grad, g0, atol=1e-5, rtol=1e-4)
+    assert thunder_remat.last_save_plan(jm).failed.startswith("VerificationError")
+
+
+def test_a_pair_rewrite_failing_verification_is_undone(monkeypatch):
+    import thunder_remat.plugin as plugin
+
+    monkeypatch.setattr(plugin, "verify", lambda before, after: ["injected problem"])
+    model = build_model("mlp", "tiny")
+    jm = thunder.jit(model, executors=[eager_fusion_ex], remat=True, remat_whole_graph=False)
+    with pytest.warns(UserWarning, match="fusion-pair rewrite failed verification.*injected problem"):
+        jm(example_batch(model)).sum().backward()
+    assert thunder_remat.last_pair_pass(jm).abandoned.startswith("verification failed")

@@ -1,0 +1,111 @@
+"""Invariants a rewritten trace must keep; checked after each pass (``remat_verify``, on by default).
+
+``verify(before, after)`` returns the problems it finds (an empty list when the rewrite is sound)
+or raises ``VerificationError`` with ``raise_on_error=True``:
+
+* every value is produced before it is used (top level, and inside each fusion region);
+* each fusion region's inputs and outputs match its body (reads are inputs or defined earlier in
+  the body, each value defined once, every output defined);
+* the trace returns the same values (forward outputs and gradients) as before;
+* no random op (other than exactly replayed ones), collective, device sync or in-place op runs
+  more often than before;
+* optionally (``saved=``), the backward reads from the forward only the values in ``saved``.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+
+from thunder.core.proxies import Proxy
+from thunder.core.pytree import tree_flatten
+
+from thunder_remat.joint_analysis import is_backward, reads_forward_values, tag_names
+from thunder_remat.policies import STRUCTURAL_HARD_BANS
+
+__all__ = ["VerificationError", "verify"]
+
+_REPLAYABLE = frozenset({"uniform_philox"})
+
+
+class VerificationError(RuntimeError):
+    """A rewritten trace broke an invariant; the pass that made it is undone."""
+
+
+def _names(tree) -> list[str]:
+    flat, _ = tree_flatten(tree)
+    return [p.name for p in flat if isinstance(p, Proxy)]
+
+
+def _unsafe_counts(trace) -> Counter:
+    counts: Counter = Counter()
+
+    def visit(bsym) -> None:
+        if bsym.sym.is_fusion:
+            for sub in bsym.subsymbols:
+                visit(sub)
+            return
+        tags = tag_names(bsym)
+        if ("RANDOM_OP" in tags and bsym.sym.name not in _REPLAYABLE) or tags & set(STRUCTURAL_HARD_BANS):
+            counts[bsym.sym.name] += 1
+
+    for bsym in trace.bound_symbols:
+        visit(bsym)
+    return counts
+
+
+def _region_problems(region) -> list[str]:
+    problems = []
+    known = set(_names(region.args))
+    for sub in region.subsymbols:
+        reads = _names(sub.args) + _names(sub.kwargs)
+        for name in reads:
+            if name not in known:
+                problems.append(f"region {region.sym.name} reads {name} before defining it")
+        for name in _names(sub.output):
+            if name in known and name not in reads:
+                problems.append(f"region {region.sym.name} defines {name} twice")
+            known.add(name)
+    for name in _names(region.output):
+        if name not in known:
+            problems.append(f"region {region.sym.name} returns {name}, which its body never defines")
+    return problems
+
+
+def verify(before, after, *, saved=None, raise_on_error: bool = False) -> list[str]:
+    """Problems with ``after`` as a rewrite of ``before`` (both Thunder traces)."""
+    problems: list[str] = []
+    defined = set(_names((after.args, after.kwargs)))
+    for bsym in after.bound_symbols:
+        for name in _names((bsym.args, bsym.kwargs)):
+            if name not in defined:
+                problems.append(f"{bsym.sym.name} reads {name} before it is produced")
+        if bsym.sym.is_fusion:
+            problems += _region_problems(bsym)
+        defined.update(_names(bsym.output))
+
+    ret_before, ret_after = before.bound_symbols[-1], after.bound_symbols[-1]
+    if _names(ret_before.args) != _names(ret_after.args):
+        problems.append("the trace no longer returns the same values")
+
+    was, now = _unsafe_counts(before), _unsafe_counts(after)
+    for op, n in sorted(now.items()):
+        if n > was.get(op, 0):
+            problems.append(f"{op} runs {n} times, {was.get(op, 0)} before: random, in-place or collective ops "
+                            "must not be duplicated")
+
+    if saved is not None:
+        allowed = set(saved)
+        produced_in_backward: set[str] = set()
+        forward_values = {n for b in after.bound_symbols if not is_backward(b) for n in _names(b.output)}
+        for bsym in after.bound_symbols:
+            if not is_backward(bsym):
+                continue
+            if reads_forward_values(bsym):
+                for name in _names((bsym.args, bsym.kwargs)):
+                    if name in forward_values and name not in produced_in_backward and name not in allowed:
+                        problems.append(f"the backward reads {name}, which the plan does not save")
+            produced_in_backward.update(_names(bsym.output))
+
+    if problems and raise_on_error:
+        raise VerificationError("; ".join(problems))
+    return problems
