@@ -39,9 +39,11 @@ class RematConfig:
     policies: tuple = DEFAULT_POLICIES
     #: Check every rewritten trace with thunder_remat.verify; a rewrite that fails is undone (with a warning).
     verify: bool = True
+    #: Under FSDP ZeRO-3, re-gather parameters in the backward instead of saving the gathered ones.
+    fsdp_regather: bool = True
 
     def __post_init__(self) -> None:
-        for name in ("enabled", "fusion_pairs", "whole_graph", "verify"):
+        for name in ("enabled", "fusion_pairs", "whole_graph", "verify", "fsdp_regather"):
             _check_choice(name, getattr(self, name), _BOOLS)
         _check_choice("solver", self.solver, KNAPSACK_SOLVERS)
         parse_budget(self.memory_budget)

@@ -13,12 +13,20 @@ from thunder.core.proxies import ProxyTag
 from thunder.core.symbol import BoundSymbolTag
 
 from thunder_remat.cost import op_flops, value_bytes
-from thunder_remat.policies import OpFacts, judge_op
+from thunder_remat.policies import Judgement, OpFacts, judge_op
 from thunder_remat.save_problem import ForwardOp, ForwardValue, SaveProblem
 
 __all__ = ["is_joint_trace", "split_joint", "build_save_problem"]
 
-_COLLECTIVE_NAMES = frozenset({"all_gather", "all_reduce", "reduce_scatter", "broadcast", "wait", "synchronize"})
+_COLLECTIVE_NAMES = frozenset({"all_gather", "all_reduce", "reduce_scatter", "broadcast", "wait", "synchronize",
+                               "pack_for_fsdp", "unpack_for_fsdp", "update_bucket_view"})
+
+
+def collective_name(bsym) -> str | None:
+    """``all_gather``, ``wait``, ... for Thunder's distributed prims and the torch executor's
+    implementations of them (``torch_all_gather_prim_impl`` in 0.2.6); None for other ops."""
+    name = bsym.sym.name.removeprefix("torch_").removesuffix("_prim_impl")
+    return name if name in _COLLECTIVE_NAMES else None
 
 
 def is_backward(bsym) -> bool:
@@ -67,7 +75,7 @@ def tag_names(bsym) -> frozenset[str]:
         ProxyTag.RECOMPUTE_IN_BACKWARD in p.tags for p in bsym.flat_proxy_outs
     ):
         names.add("RECOMPUTE_IN_BACKWARD")
-    if bsym.sym.name in _COLLECTIVE_NAMES or "distributed" in str(bsym.sym.id):
+    if collective_name(bsym) is not None or "distributed" in str(bsym.sym.id):
         names.add("COLLECTIVE")
     return frozenset(names)
 
@@ -79,8 +87,31 @@ def _source(bsym) -> str:
     return f"{filename}:{line}" if filename and line else ""
 
 
-def build_save_problem(trace, policies) -> SaveProblem:
+REGATHER = "ZeRO-3: the sharded parameter is re-gathered in the backward"
+
+
+def _regathered(forward, inputs) -> set[int]:
+    """Positions of the all-gathers of forward inputs (sharded parameters) and of their waits.
+
+    A structural rule (the same on every rank, whatever the sizes): under FSDP ZeRO-3 these are
+    re-issued in the backward instead of saving the gathered parameter.
+    """
+    futures, chosen = set(), set()
+    for i, bsym in forward:
+        name = collective_name(bsym)
+        reads = [p.name for p in bsym.flat_proxy_args]
+        if name == "all_gather" and reads and all(r in inputs for r in reads):
+            chosen.add(i)
+            futures.update(p.name for p in bsym.flat_proxy_outs)
+        elif name == "wait" and reads and all(r in futures for r in reads):
+            chosen.add(i)
+    return chosen
+
+
+def build_save_problem(trace, policies, *, regather_params: bool = False) -> SaveProblem:
+    """``regather_params``: FSDP ZeRO-3 is on; gathered parameters are never saved but re-gathered."""
     forward, backward, inputs = split_joint(trace)
+    regather = _regathered(forward, inputs) if regather_params else set()
     problem = SaveProblem()
     proxies = {}
 
@@ -119,6 +150,8 @@ def build_save_problem(trace, policies) -> SaveProblem:
             input_bytes=sum(value_bytes(p) for p in reads),
         )
         judgement = judge_op(facts, policies)
+        if i in regather:
+            judgement = Judgement(recompute=True, reasons=(REGATHER,))
         problem.ops.append(
             ForwardOp(
                 index=i,

@@ -62,10 +62,19 @@ class RematFusionExecutor(FusionExecutor):
 
 def plan_joint_trace(trace, executor: RematFusionExecutor):
     """The whole-graph pass on the joint trace, before any fusion executor sees it."""
+    from thunder_remat.executors.fsdp import zero3_active
+
     config = executor.config
+    zero3 = zero3_active()
+    if zero3 and config.enabled and config.fsdp_regather and not config.whole_graph:
+        raise ValueError(
+            "thunder_remat: under FSDP ZeRO-3, option 'remat_fsdp_regather' (re-gather parameters in the "
+            "backward) needs 'remat_whole_graph'=True; set remat_whole_graph=True, or remat_fsdp_regather=False "
+            "to save the gathered parameters as Thunder does"
+        )
     if not (config.enabled and config.whole_graph):
         return trace
-    result = plan_saved_values(trace, config)
+    result = plan_saved_values(trace, config, zero3=zero3)
     record_provenance(result.provenance())
     cd = get_compile_data()
     if cd is not None:

@@ -63,12 +63,17 @@ class SavePassResult:
         return text + ")"
 
 
-def plan_saved_values(trace, config) -> SavePassResult:
-    """Solve and rewrite ``trace`` (a joint trace) according to ``config``; never raises for a bad trace."""
+def plan_saved_values(trace, config, *, zero3: bool = False) -> SavePassResult:
+    """Solve and rewrite ``trace`` (a joint trace) according to ``config``; never raises for a bad trace.
+
+    ``zero3``: the trace comes from FSDP ZeRO-3 and ``config.fsdp_regather`` is on: gathered
+    parameters are re-gathered in the backward instead of saved.
+    """
     result = SavePassResult(trace=trace, budget=config.budget)
     try:
         start = time.perf_counter()
-        problem = build_save_problem(trace, config.policies)
+        regather = zero3 and config.fsdp_regather
+        problem = build_save_problem(trace, config.policies, regather_params=regather)
         result.problem = problem
         mid = time.perf_counter()
         result.analysis_ms = (mid - start) * 1e3
@@ -79,7 +84,8 @@ def plan_saved_values(trace, config) -> SavePassResult:
         result.solve_ms = (end - mid) * 1e3
         new = insert_recomputation(trace, choice.plan.recomputed)
         if config.verify:
-            verify(trace, new, saved=choice.plan.saved, raise_on_error=True)
+            replayed = {problem_op.op for problem_op in problem.ops if problem_op.force_recompute} if regather else set()
+            verify(trace, new, saved=choice.plan.saved, replayed=replayed, raise_on_error=True)
         result.trace = new
         result.rewrite_ms = (time.perf_counter() - end) * 1e3
     except Exception as exc:  # containment: leave the trace as Thunder made it
