@@ -6,7 +6,6 @@ saved_tensors_hooks in a real forward) fall monotonically with the budget and ne
 plan; matmuls are never recomputed at 1.0; random ops never.
 """
 
-import warnings
 
 import pytest
 import thunder
@@ -164,3 +163,30 @@ def test_sweep_and_plot(tmp_path):
     assert image.ndim == 3 and image.shape[0] > 100 and image.shape[1] > 100
     with pytest.raises(ValueError, match="needs a function jitted with remat=True"):
         thunder_remat.sweep_budgets(lambda x: x)
+
+
+def test_checkpointed_regions_are_recomputed_not_saved():
+    def block(x, w):
+        return torch.tanh(torch.sin(x) @ w).exp()
+
+    def f(x, w):
+        return torch.utils.checkpoint.checkpoint(block, x, w, use_reentrant=False).sum(-1)
+
+    def grads(**options):
+        g = torch.Generator().manual_seed(0)
+        x, w = torch.randn(4, 8, generator=g, requires_grad=True), torch.randn(8, 8, generator=g, requires_grad=True)
+        jm = thunder.jit(f, executors=[eager_fusion_ex], **options)
+        jm(x, w).sum().backward()
+        return jm, (x.grad, w.grad)
+
+    _, base = grads()
+    jm, ours = grads(remat=True)
+    for a, b in zip(ours, base):
+        torch.testing.assert_close(a, b)
+    problem = thunder_remat.last_save_plan(jm).problem
+    forced = {op.op for op in problem.ops if op.force_recompute}
+    assert {"sin", "matmul", "tanh"} <= forced
+    matmul = next(op for op in problem.ops if op.op == "matmul")
+    assert matmul.soft_ban is None  # the checkpoint overrules the matmul policy
+    saved = thunder_remat.last_save_plan(jm).choice.plan.saved
+    assert not {o for op in problem.ops if op.force_recompute for o in op.outputs} & set(saved)

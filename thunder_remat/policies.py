@@ -135,7 +135,9 @@ def judge_op(op: OpFacts, policies) -> Judgement:
             soft = verdict.reason
         elif verdict.kind == "recompute":
             recompute = True
-    return Judgement(hard=hard, soft=None if hard else soft, recompute=recompute and hard is None)
+    # An explicit request to recompute (checkpoint) overrules a soft preference to save.
+    recompute = recompute and hard is None
+    return Judgement(hard=hard, soft=None if (hard or recompute) else soft, recompute=recompute)
 
 
 def check_policies(policies) -> tuple:
