@@ -4,7 +4,7 @@ import random
 
 import pytest
 
-from thunder_remat.save_plan import build_frontier, build_save_network, choose_plan, plan_with_bans
+from thunder_remat.save_plan import build_frontier, build_save_network, choose_fastest, choose_plan, plan_with_bans
 from thunder_remat.save_problem import ForwardOp, ForwardValue, SaveProblem
 
 
@@ -150,6 +150,8 @@ def test_frontier_plans_are_valid_and_budgets_are_monotone(seed, solver):
         assert valid(p, plan)
         assert plan.cut_value == pytest.approx(plan.saved_bytes)
     assert frontier.smallest.saved_bytes == min(plan.saved_bytes for plan in frontier.plans)
+    assert choose_fastest(p, ("fraction", 1.0)).plan == frontier.fastest
+    assert choose_plan(frontier, ("fraction", 1.0)).plan == frontier.fastest
     last_bytes, last_flops = float("inf"), -1.0
     for b in (1.0, 0.9, 0.7, 0.5, 0.3, 0.1, 0.0):
         choice = choose_plan(frontier, ("fraction", b))

@@ -29,7 +29,7 @@ from thunder_remat.solvers.knapsack import solve_knapsack
 from thunder_remat.solvers.maxflow import CutResult, FlowNetwork, min_cut
 
 __all__ = ["SavePlan", "SaveNetwork", "Frontier", "BudgetChoice", "build_save_network", "plan_with_bans",
-           "build_frontier", "choose_plan"]
+           "build_frontier", "choose_plan", "choose_fastest", "is_fastest_budget"]
 
 #: knapsack capacities tried between the smallest and the fastest plan
 FRONTIER_STEPS = 16
@@ -83,7 +83,18 @@ class BudgetChoice:
     #: the byte target the budget stood for (None: no budget, the fastest plan)
     target_bytes: int | None
     feasible: bool
-    frontier: Frontier = field(repr=False)
+    #: the plans chosen from; None when the budget asked for the fastest plan, which needs no frontier
+    frontier: Frontier | None = field(default=None, repr=False)
+
+
+def is_fastest_budget(budget) -> bool:
+    return budget is None or budget == ("fraction", 1.0)
+
+
+def choose_fastest(problem: SaveProblem, budget) -> BudgetChoice:
+    """The fastest plan, for budget None or 1.0, with one min cut instead of a whole frontier."""
+    plan = plan_with_bans(problem, {op.index for op in _soft_banned(problem)})
+    return BudgetChoice(plan, None if budget is None else plan.saved_bytes, True, None)
 
 
 def _soft_banned(problem: SaveProblem) -> list[ForwardOp]:
@@ -202,8 +213,8 @@ def choose_plan(frontier: Frontier, budget) -> BudgetChoice:
     ``budget`` is ``None`` (fastest plan), ``("fraction", f)`` with f in [0, 1] or ``("bytes", n)``.
     """
     target = target_bytes(frontier, budget)
-    if target is None:
-        return BudgetChoice(frontier.fastest, None, True, frontier)
+    if is_fastest_budget(budget):
+        return BudgetChoice(frontier.fastest, target, True, frontier)
     fitting = [p for p in frontier.plans if p.saved_bytes <= target]
     if not fitting:
         return BudgetChoice(frontier.plans[0], target, False, frontier)

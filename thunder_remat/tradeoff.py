@@ -37,7 +37,7 @@ def _frontier(source):
             "thunder_remat.sweep_budgets needs a function jitted with remat=True (and the whole-graph pass on) "
             "that has been called once, or a SavePassResult / Frontier"
         )
-    return result.choice.frontier
+    return result.frontier()
 
 
 def sweep_budgets(source, budgets=DEFAULT_SWEEP) -> list[SweepPoint]:

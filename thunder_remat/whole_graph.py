@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from thunder_remat.joint_analysis import build_save_problem
 from thunder_remat.recompute_rewrite import insert_recomputation
-from thunder_remat.save_plan import BudgetChoice, build_frontier, choose_plan
+from thunder_remat.save_plan import BudgetChoice, Frontier, build_frontier, choose_fastest, choose_plan, is_fastest_budget
 from thunder_remat.save_problem import SaveProblem
 from thunder_remat.verify import verify
 
@@ -37,6 +37,16 @@ class SavePassResult:
     solve_ms: float = 0.0
     rewrite_ms: float = 0.0
     failed: str | None = None
+    solver: str = "dp"
+
+    def frontier(self) -> Frontier:
+        """The Pareto frontier of plans (built now, once, if the budget did not need it)."""
+        if self.choice is None:
+            raise ValueError("the whole-graph pass did not produce a plan" + (f": {self.failed}" if self.failed else ""))
+        if self.choice.frontier is None:
+            self.choice = BudgetChoice(self.choice.plan, self.choice.target_bytes, self.choice.feasible,
+                                       build_frontier(self.problem, self.solver))
+        return self.choice.frontier
 
     @property
     def saved_bytes_before(self) -> int:
@@ -69,7 +79,7 @@ def plan_saved_values(trace, config, *, zero3: bool = False) -> SavePassResult:
     ``zero3``: the trace comes from FSDP ZeRO-3 and ``config.fsdp_regather`` is on: gathered
     parameters are re-gathered in the backward instead of saved.
     """
-    result = SavePassResult(trace=trace, budget=config.budget)
+    result = SavePassResult(trace=trace, budget=config.budget, solver=config.solver)
     try:
         start = time.perf_counter()
         regather = zero3 and config.fsdp_regather
@@ -77,8 +87,10 @@ def plan_saved_values(trace, config, *, zero3: bool = False) -> SavePassResult:
         result.problem = problem
         mid = time.perf_counter()
         result.analysis_ms = (mid - start) * 1e3
-        frontier = build_frontier(problem, config.solver)
-        choice = choose_plan(frontier, config.budget)
+        if is_fastest_budget(config.budget):
+            choice = choose_fastest(problem, config.budget)
+        else:
+            choice = choose_plan(build_frontier(problem, config.solver), config.budget)
         result.choice = choice
         end = time.perf_counter()
         result.solve_ms = (end - mid) * 1e3
