@@ -18,7 +18,23 @@ MODES = {
     "zero3": ("ZERO3", {}, None),
     "zero3+remat": ("ZERO3", {"remat": True}, None),
     "zero3+remat, eager fusion, budget 0.0": ("ZERO3", {"remat": True, "remat_memory_budget": 0.0}, "eager"),
+    "zero3+remat, budget 0.0, prefetch 2": ("ZERO3", {"remat": True, "remat_memory_budget": 0.0,
+                                                      "remat_fsdp_prefetch": 2}, None),
+    "zero3+remat, budget 0.0": ("ZERO3", {"remat": True, "remat_memory_budget": 0.0}, None),
 }
+
+
+def max_in_flight(trace) -> int:
+    """Most all-gathers issued and not yet waited on at any point of the trace."""
+    futures, peak = set(), 0
+    for b in _ops(trace):
+        name = b.sym.name
+        if "all_gather" in name:
+            futures.update(p.name for p in b.flat_proxy_outs)
+        elif "wait" in name:
+            futures.difference_update(p.name for p in b.flat_proxy_args)
+        peak = max(peak, len(futures))
+    return peak
 
 
 def build():
@@ -82,6 +98,7 @@ def run_rank(rank: int, world_size: int, port: int, out_dir: str, modes) -> None
         results[mode] = {
             "grads_ok": bool(grads_ok),
             "backward_all_gathers": sum("all_gather" in b.sym.name for b in _ops(bw)),
+            "backward_max_in_flight": max_in_flight(bw),
             "saved_gathered_params": gathered,
             "saved_gathered_param_bytes": gathered_bytes,
             "saved_bytes": saved.nbytes,

@@ -52,6 +52,15 @@ def test_zero3_regather_works_with_fusion_and_a_budget(results):
         assert r["saved_activation_bytes"] <= rank["zero3+remat"]["saved_activation_bytes"]
 
 
+def test_in_flight_regathers_are_bounded_by_the_option(results):
+    for rank in results:
+        one, two = rank["zero3+remat, budget 0.0"], rank["zero3+remat, budget 0.0, prefetch 2"]
+        assert one["backward_all_gathers"] == two["backward_all_gathers"] >= 3
+        assert one["backward_max_in_flight"] == 1
+        assert two["backward_max_in_flight"] == 2
+        assert two["grads_ok"] and two["saved_gathered_params"] == []
+
+
 def test_zero2_keeps_its_gathered_parameters(results):
     for rank in results:
         assert rank["zero2+remat"]["backward_all_gathers"] == 0

@@ -77,6 +77,8 @@ def test_plugin_name_registered():
         ({"remat": True, "remat_policies": "fast"}, "'remat_policies' must be a tuple of policies"),
         ({"remat": True, "remat_policies": (object(),)}, "has no judge"),
         ({"remat": True, "remat_whole_graph": "no"}, "'remat_whole_graph' must be one of"),
+        ({"remat": True, "remat_fsdp_prefetch": 0}, "'remat_fsdp_prefetch' must be an int >= 1"),
+        ({"remat": True, "remat_verify": 1}, "'remat_verify' must be one of"),
     ],
 )
 def test_bad_compile_options_name_the_option(options, message):

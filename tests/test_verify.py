@@ -109,3 +109,11 @@ def test_a_pair_rewrite_failing_verification_is_undone(monkeypatch):
     with pytest.warns(UserWarning, match="fusion-pair rewrite failed verification.*injected problem"):
         jm(example_batch(model)).sum().backward()
     assert thunder_remat.last_pair_pass(jm).abandoned.startswith("verification failed")
+
+
+def test_verify_rejects_what_is_not_a_trace():
+    before, after, _ = joint_traces("mlp", None)
+    with pytest.raises(TypeError, match="'after' must be a Thunder trace"):
+        thunder_remat.verify(before, "not a trace")
+    with pytest.raises(TypeError, match="'before' must be a Thunder trace"):
+        thunder_remat.verify(None, after)

@@ -160,10 +160,18 @@ def test_sweep_and_plot(tmp_path):
     assert points[2].saved_bytes == thunder_remat.last_save_plan(jm).choice.plan.saved_bytes
     assert not points[-1].feasible
     path = thunder_remat.plot_tradeoff(points, tmp_path / "tradeoff.png", chosen=points[2])
+    import json
+
     import matplotlib.image
+    from PIL import Image
 
     image = matplotlib.image.imread(path)
     assert image.ndim == 3 and image.shape[0] > 100 and image.shape[1] > 100
+    plotted = json.loads(Image.open(path).text["Description"])
+    assert [(d["saved_bytes"], d["recompute_flops"]) for d in plotted[:-1]] == [
+        (p.saved_bytes, p.recompute_flops) for p in points
+    ]
+    assert plotted[-1]["budget"] == "chosen 0.5" and plotted[-1]["saved_bytes"] == points[2].saved_bytes
     with pytest.raises(ValueError, match="needs a function jitted with remat=True"):
         thunder_remat.sweep_budgets(lambda x: x)
 
@@ -193,3 +201,19 @@ def test_checkpointed_regions_are_recomputed_not_saved():
     assert matmul.soft_ban is None  # the checkpoint overrules the matmul policy
     saved = thunder_remat.last_save_plan(jm).choice.plan.saved
     assert not {o for op in problem.ops if op.force_recompute for o in op.outputs} & set(saved)
+
+
+def test_plot_without_matplotlib_says_how_to_install(tmp_path, monkeypatch):
+    import builtins
+
+    real_import = builtins.__import__
+
+    def no_matplotlib(name, *args, **kwargs):
+        if name == "matplotlib" or name.startswith("matplotlib."):
+            raise ImportError("no matplotlib")
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", no_matplotlib)
+    point = thunder_remat.tradeoff.SweepPoint(1.0, 10, 10, 1.0, True)
+    with pytest.raises(ImportError, match=r"thunder-remat\[plot\]"):
+        thunder_remat.plot_tradeoff([point], tmp_path / "t.png")

@@ -41,11 +41,16 @@ class RematConfig:
     verify: bool = True
     #: Under FSDP ZeRO-3, re-gather parameters in the backward instead of saving the gathered ones.
     fsdp_regather: bool = True
+    #: Under FSDP ZeRO-3 with fsdp_regather: at most this many backward re-gathers in flight (int >= 1).
+    fsdp_prefetch: int = 1
 
     def __post_init__(self) -> None:
         for name in ("enabled", "fusion_pairs", "whole_graph", "verify", "fsdp_regather"):
             _check_choice(name, getattr(self, name), _BOOLS)
         _check_choice("solver", self.solver, KNAPSACK_SOLVERS)
+        n = self.fsdp_prefetch
+        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+            raise ValueError(f"thunder_remat option 'remat_fsdp_prefetch' must be an int >= 1, got {n!r}")
         parse_budget(self.memory_budget)
         object.__setattr__(self, "policies", check_policies(self.policies))
         d = self.producer_input_discount

@@ -6,6 +6,7 @@ recompilation; ``plot_tradeoff`` draws it (matplotlib, optional extra ``thunder-
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 
 from thunder_remat.budget import parse_budget
@@ -53,7 +54,10 @@ def sweep_budgets(source, budgets=DEFAULT_SWEEP) -> list[SweepPoint]:
 
 
 def plot_tradeoff(points, path, *, chosen: SweepPoint | None = None, title: str = "thunder_remat trade-off"):
-    """Write a PNG of recompute (x) against saved bytes (y), one labelled point per budget."""
+    """Write a PNG of recompute (x) against saved bytes (y), one labelled point per budget.
+
+    The points are also stored as JSON in the PNG's ``Description`` text chunk.
+    """
     try:
         import matplotlib
 
@@ -78,6 +82,13 @@ def plot_tradeoff(points, path, *, chosen: SweepPoint | None = None, title: str 
     ax.set_title(title)
     ax.legend()
     fig.tight_layout()
-    fig.savefig(path, format="png")
+    # The plotted points ride along in the PNG's text metadata, so a file can be checked (and
+    # re-read) without image analysis.
+    data = [{"budget": str(p.budget), "saved_bytes": p.saved_bytes, "recompute_flops": p.recompute_flops,
+             "feasible": p.feasible} for p in points]
+    if chosen is not None:
+        data.append({"budget": f"chosen {chosen.budget}", "saved_bytes": chosen.saved_bytes,
+                     "recompute_flops": chosen.recompute_flops, "feasible": chosen.feasible})
+    fig.savefig(path, format="png", metadata={"Description": json.dumps(data)})
     plt.close(fig)
     return path

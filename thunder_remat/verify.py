@@ -76,6 +76,11 @@ def verify(before, after, *, saved=None, replayed=(), raise_on_error: bool = Fal
 
     ``replayed`` names ops that may run more often (FSDP ZeRO-3 re-gathers: all-gather and wait).
     """
+    for label, trace in (("before", before), ("after", after)):
+        bsyms = getattr(trace, "bound_symbols", None)
+        if not bsyms or bsyms[-1].sym.name != "python_return":
+            raise TypeError(f"thunder_remat.verify: {label!r} must be a Thunder trace ending in a return, "
+                            f"got {type(trace).__name__}")
     problems: list[str] = []
     defined = set(_names((after.args, after.kwargs)))
     for bsym in after.bound_symbols:

@@ -13,7 +13,7 @@ import warnings
 from dataclasses import dataclass
 
 from thunder_remat.joint_analysis import build_save_problem
-from thunder_remat.recompute_rewrite import insert_recomputation
+from thunder_remat.recompute_rewrite import insert_recomputation, prefetch_regathers
 from thunder_remat.save_plan import BudgetChoice, Frontier, build_frontier, choose_fastest, choose_plan, is_fastest_budget
 from thunder_remat.save_problem import SaveProblem
 from thunder_remat.verify import verify
@@ -95,6 +95,8 @@ def plan_saved_values(trace, config, *, zero3: bool = False) -> SavePassResult:
         end = time.perf_counter()
         result.solve_ms = (end - mid) * 1e3
         new = insert_recomputation(trace, choice.plan.recomputed)
+        if regather:
+            new = prefetch_regathers(new, config.fsdp_prefetch)
         if config.verify:
             replayed = {problem_op.op for problem_op in problem.ops if problem_op.force_recompute} if regather else set()
             verify(trace, new, saved=choice.plan.saved, replayed=replayed, raise_on_error=True)
