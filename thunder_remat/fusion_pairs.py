@@ -17,11 +17,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from thunder.core.prims import OpTags
-from thunder.core.symbol import has_tags
 
 from thunder_remat.config import RematConfig
 from thunder_remat.flow_graph import solve_pair
-from thunder_remat.pair_problem import build_pair_problem
+from thunder_remat.pair_problem import TagCache, build_pair_problem
 from thunder_remat.rewrite import rewrite_pair
 
 __all__ = ["PairRecord", "PairPassResult", "find_fusion_pairs", "rematerialize_fusion_pairs"]
@@ -99,7 +98,7 @@ def _readers(bsyms) -> dict[str, set[int]]:
     return readers
 
 
-def _mutated_names(bsyms) -> frozenset[str]:
+def _mutated_names(bsyms, tags_of) -> frozenset[str]:
     """Values written in place anywhere in the trace: re-reading them later would see new data."""
     names: set[str] = set()
 
@@ -107,7 +106,7 @@ def _mutated_names(bsyms) -> frozenset[str]:
         if bsym.sym.is_fusion:
             for sub in bsym.subsymbols:
                 visit(sub)
-        elif has_tags(bsym, {OpTags.IN_PLACE}) or bsym.sym.name in ("copy_", "copy_with_setitem"):
+        elif OpTags.IN_PLACE in tags_of(bsym) or bsym.sym.name in ("copy_", "copy_with_setitem"):
             names.update(p.name for p in bsym.flat_proxy_args)
 
     for bsym in bsyms:
@@ -135,7 +134,8 @@ def rematerialize_fusion_pairs(
         result.solve_ms = (time.perf_counter() - start) * 1e3
         return result
     readers = _readers(bsyms)
-    mutated = _mutated_names(bsyms)
+    tags_of = TagCache()
+    mutated = _mutated_names(bsyms, tags_of)
     changed: set[int] = set()
 
     for pi, ci in pairs:
@@ -156,6 +156,7 @@ def rematerialize_fusion_pairs(
                 consumer_can_fuse=consumer_adapter.can_fuse,
                 same_executor=same,
                 producer_input_discount=config.producer_input_discount,
+                tags_of=tags_of,
             )
             pair_network, cut, plan = solve_pair(problem)
             rewritten = rewrite_pair(producer, consumer, plan, external_outputs=external, pinned=problem.pinned)

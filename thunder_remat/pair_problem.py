@@ -10,11 +10,28 @@ from collections.abc import Callable, Collection
 from dataclasses import dataclass
 
 from thunder.core.prims import OpTags
-from thunder.core.symbol import gather_tags
 
 from thunder_remat.cost import value_bytes
 
-__all__ = ["PairProblem", "build_pair_problem", "KEEP_IN_PRODUCER_TAGS"]
+__all__ = ["PairProblem", "build_pair_problem", "KEEP_IN_PRODUCER_TAGS", "TagCache"]
+
+
+class TagCache:
+    """Tags of a bound symbol and its whole decomposition, computed once per symbol in a pass."""
+
+    def __init__(self) -> None:
+        # id -> (the bound symbol, kept alive so its id is not reused while cached; its tags)
+        self._tags: dict[int, tuple[object, set]] = {}
+
+    def __call__(self, bsym) -> set:
+        hit = self._tags.get(id(bsym))
+        if hit is not None:
+            return hit[1]
+        tags = set(bsym.sym.tags or ()) | bsym.tags
+        for sub in bsym.subsymbols:
+            tags |= self(sub)
+        self._tags[id(bsym)] = (bsym, tags)
+        return tags
 
 #: Ops whose outputs are never recomputed by a consumer region: recomputing a random op gives
 #: different numbers, a reduction or matmul costs far more than reading its (smaller) result.
@@ -62,6 +79,7 @@ def build_pair_problem(
     consumer_can_fuse: Callable[[object], bool],
     same_executor: bool,
     producer_input_discount: float,
+    tags_of: Callable[[object], set] | None = None,
 ) -> PairProblem:
     """Describe the pair ``producer -> consumer`` (two fusion bound symbols) as plain data."""
     names: list[str] = []
@@ -86,7 +104,7 @@ def build_pair_problem(
             add(proxy)
         ins = tuple(dict.fromkeys(p.name for p in bsym.flat_proxy_args if p.name in seen))
         ops.append((ins, tuple(p.name for p in outs)))
-        reason = _keep_in_producer_reason(bsym)
+        reason = _keep_in_producer_reason(bsym, tags_of or TagCache())
         if reason is None and not same_executor and not consumer_can_fuse(bsym):
             reason = "consumer's executor cannot fuse it"
         if reason is not None:
@@ -117,8 +135,8 @@ def build_pair_problem(
     )
 
 
-def _keep_in_producer_reason(bsym) -> str | None:
-    tags = gather_tags(bsym)
+def _keep_in_producer_reason(bsym, tags_of) -> str | None:
+    tags = tags_of(bsym)
     for tag, reason in KEEP_IN_PRODUCER_TAGS.items():
         if tag in tags:
             return reason
