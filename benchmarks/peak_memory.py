@@ -28,12 +28,12 @@ def step_peak_bytes(fn) -> int:
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
         fn()
     events = sorted(
-        (e for e in prof.events() if getattr(e, "cpu_memory_usage", 0)),
+        (e for e in prof.events() if getattr(e, "self_cpu_memory_usage", 0)),
         key=lambda e: e.time_range.start,
     )
     live = peak = 0
     for e in events:
-        live += e.cpu_memory_usage
+        live += e.self_cpu_memory_usage
         peak = max(peak, live)
     del torch
     return peak
