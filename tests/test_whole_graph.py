@@ -217,3 +217,25 @@ def test_plot_without_matplotlib_says_how_to_install(tmp_path, monkeypatch):
     point = thunder_remat.tradeoff.SweepPoint(1.0, 10, 10, 1.0, True)
     with pytest.raises(ImportError, match=r"thunder-remat\[plot\]"):
         thunder_remat.plot_tradeoff([point], tmp_path / "t.png")
+
+
+def test_a_user_policy_is_respected():
+    from dataclasses import dataclass
+
+    from thunder_remat.policies import Verdict
+
+    @dataclass(frozen=True)
+    class KeepSoftmax:
+        def judge(self, op):
+            return Verdict("hard", "softmax kept") if "softmax" in op.op else None
+
+    policies = (*thunder_remat.DEFAULT_POLICIES, KeepSoftmax())
+    base = train_step("gpt", 0.0)
+    jm, out, grads, _ = train_step("gpt", 0.0, remat=True, remat_memory_budget=0.0, remat_policies=policies)
+    for g, g0 in zip(grads, base[2]):
+        torch.testing.assert_close(g, g0, atol=1e-5, rtol=1e-4)
+    assert not any("softmax" in op for op in recomputed_ops(jm))
+    default = train_step("gpt", 0.0, remat=True, remat_memory_budget=0.0)[0]
+    assert any("softmax" in op for op in recomputed_ops(default))
+    reasons = {v.name: v.reason for v in thunder_remat.explain(jm).saved}
+    assert "cannot be recomputed: softmax kept" in reasons.values()
