@@ -139,6 +139,7 @@ def test_a_failing_solve_leaves_thunders_plan_and_warns(monkeypatch):
         raise RuntimeError("injected")
 
     monkeypatch.setattr(wg, "build_frontier", broken)
+    monkeypatch.setattr(wg, "choose_fastest", broken)
     base = train_step("mlp", 0.0)
     with pytest.warns(UserWarning, match="whole-graph save planning failed.*injected"):
         jm, out, grads, saved = train_step("mlp", 0.0, remat=True)
