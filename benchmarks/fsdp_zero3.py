@@ -1,7 +1,7 @@
 """Parameter bytes held between forward and backward under Thunder's FSDP, with and without thunder_remat.
 
 Spawns 2 CPU processes (torch.distributed gloo on loopback) that run tests/fsdp_worker.py on a
-5-layer MLP (Linear 8-16-16-8 with GELUs) for ZeRO-2, ZeRO-3, each with and without thunder_remat,
+5-layer MLP (Linear 8-16-16-8 with GELUs) for ZeRO-2, ZeRO-3 and DDP, with and without thunder_remat,
 and prints, for rank 0: saved bytes, saved gathered (unsharded) parameter bytes, all-gathers in the
 backward, and whether the gradients equal the un-sharded eager run.
 

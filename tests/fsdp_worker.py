@@ -21,7 +21,13 @@ MODES = {
     "zero3+remat, budget 0.0, prefetch 2": ("ZERO3", {"remat": True, "remat_memory_budget": 0.0,
                                                       "remat_fsdp_prefetch": 2}, None),
     "zero3+remat, budget 0.0": ("ZERO3", {"remat": True, "remat_memory_budget": 0.0}, None),
+    "ddp": ("DDP", {}, None),
+    "ddp+remat": ("DDP", {"remat": True}, None),
 }
+
+
+def _is_collective(name: str) -> bool:
+    return any(k in name for k in ("all_gather", "all_reduce", "reduce_scatter", "wait", "broadcast_prim", "synchronize"))
 
 
 def max_in_flight(trace) -> int:
@@ -62,6 +68,8 @@ def run_rank(rank: int, world_size: int, port: int, out_dir: str, modes) -> None
     dist.init_process_group("gloo", rank=rank, world_size=world_size)
     import thunder_remat  # noqa: F401  (registers the plugin)
     from thunder.distributed import FSDPType
+    from thunder.distributed import copy_default_process_group
+    from thunder.distributed.transforms.ddp_v2 import DDPTransform
     from thunder.distributed.transforms.fsdp_v2 import FSDPTransform
 
     from thunder_remat.executors import fusion_executor_by_name
@@ -76,15 +84,19 @@ def run_rank(rank: int, world_size: int, port: int, out_dir: str, modes) -> None
     for mode in modes:
         strategy, options, executor = MODES[mode]
         model = copy.deepcopy(base)
-        fsdp = FSDPTransform(device=torch.device("cpu"), sharding_strategy=getattr(FSDPType, strategy))
+        if strategy == "DDP":
+            transform = DDPTransform(process_group=copy_default_process_group(), bucket_size_in_mb=25.0,
+                                     broadcast_from=None)
+        else:
+            transform = FSDPTransform(device=torch.device("cpu"), sharding_strategy=getattr(FSDPType, strategy))
         executors = [] if executor is None else [fusion_executor_by_name(executor)]
-        jm = thunder.jit(model, transforms=[fsdp], executors=executors, **options)
+        jm = thunder.jit(model, transforms=[transform], executors=executors, **options)
         out, saved = saved_for_backward(jm, x)
         out.float().pow(2).mean().backward()
         grads_ok = True
         for name, p in jm.named_parameters():
             key = name.replace("_model.", "")
-            expected = ref[key].chunk(world_size, 0)[rank]
+            expected = ref[key] if strategy == "DDP" else ref[key].chunk(world_size, 0)[rank]
             grads_ok &= p.grad is not None and torch.allclose(p.grad, expected, atol=1e-5, rtol=1e-4)
         bw = thunder.last_backward_traces(jm)[-1]
         producers = _saved_producers(jm)
@@ -99,6 +111,9 @@ def run_rank(rank: int, world_size: int, port: int, out_dir: str, modes) -> None
             "grads_ok": bool(grads_ok),
             "backward_all_gathers": sum("all_gather" in b.sym.name for b in _ops(bw)),
             "backward_max_in_flight": max_in_flight(bw),
+            "backward_collectives": sorted(b.sym.name for b in _ops(bw) if _is_collective(b.sym.name)),
+            "forward_collectives": sorted(b.sym.name for b in _ops(thunder.last_traces(jm)[-1])
+                                          if _is_collective(b.sym.name)),
             "saved_gathered_params": gathered,
             "saved_gathered_param_bytes": gathered_bytes,
             "saved_bytes": saved.nbytes,

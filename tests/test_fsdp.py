@@ -61,6 +61,14 @@ def test_in_flight_regathers_are_bounded_by_the_option(results):
         assert two["grads_ok"] and two["saved_gathered_params"] == []
 
 
+def test_ddp_collectives_are_left_unchanged(results):
+    for rank in results:
+        plain, ours = rank["ddp"], rank["ddp+remat"]
+        assert plain["backward_collectives"] and ours["backward_collectives"] == plain["backward_collectives"]
+        assert ours["forward_collectives"] == plain["forward_collectives"]
+        assert ours["saved_activation_bytes"] <= plain["saved_activation_bytes"]
+
+
 def test_zero2_keeps_its_gathered_parameters(results):
     for rank in results:
         assert rank["zero2+remat"]["backward_all_gathers"] == 0
