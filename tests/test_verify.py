@@ -35,7 +35,9 @@ def joint_traces(name="gpt", dropout=0.1, budget=0.0):
 
 def test_a_sound_rewrite_passes():
     before, after, plan = joint_traces()
-    assert thunder_remat.verify(before, after, saved=plan.saved) == []
+    assert thunder_remat.verify(before, after, saved=plan.saved, saved_bytes=plan.saved_bytes) == []
+    wrong = thunder_remat.verify(before, after, saved_bytes=plan.saved_bytes + 4)
+    assert wrong == [f"the backward reads {plan.saved_bytes} B of forward activations, the plan says {plan.saved_bytes + 4} B"]
     assert thunder_remat.verify(before, before) == []
 
 

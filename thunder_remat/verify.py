@@ -9,7 +9,8 @@ or raises ``VerificationError`` with ``raise_on_error=True``:
 * the trace returns the same values (forward outputs and gradients) as before;
 * no random op (other than exactly replayed ones), collective, device sync or in-place op runs
   more often than before;
-* optionally (``saved=``), the backward reads from the forward only the values in ``saved``.
+* optionally (``saved=``), the backward reads from the forward only the values in ``saved``, and
+  (``saved_bytes=``) those activations add up to the bytes the plan reports.
 """
 
 from __future__ import annotations
@@ -19,7 +20,8 @@ from collections import Counter
 from thunder.core.proxies import Proxy
 from thunder.core.pytree import tree_flatten
 
-from thunder_remat.joint_analysis import is_backward, reads_forward_values, tag_names
+from thunder_remat.cost import value_bytes
+from thunder_remat.joint_analysis import is_backward, reads_forward_values, split_joint, tag_names
 from thunder_remat.policies import STRUCTURAL_HARD_BANS
 
 __all__ = ["VerificationError", "verify"]
@@ -71,10 +73,12 @@ def _region_problems(region) -> list[str]:
     return problems
 
 
-def verify(before, after, *, saved=None, replayed=(), raise_on_error: bool = False) -> list[str]:
+def verify(before, after, *, saved=None, saved_bytes=None, replayed=(), raise_on_error: bool = False) -> list[str]:
     """Problems with ``after`` as a rewrite of ``before`` (both Thunder traces).
 
     ``replayed`` names ops that may run more often (FSDP ZeRO-3 re-gathers: all-gather and wait).
+    ``saved_bytes``: the activation bytes the plan reports; the forward values (not inputs) the
+    backward of ``after`` reads must add up to exactly that.
     """
     for label, trace in (("before", before), ("after", after)):
         bsyms = getattr(trace, "bound_symbols", None)
@@ -100,6 +104,20 @@ def verify(before, after, *, saved=None, replayed=(), raise_on_error: bool = Fal
         if n > was.get(op, 0) and op not in replayed:
             problems.append(f"{op} runs {n} times, {was.get(op, 0)} before: random, in-place or collective ops "
                             "must not be duplicated")
+
+    if saved_bytes is not None:
+        _, _, inputs = split_joint(after)
+        proxies = {p.name: p for b in after.bound_symbols if not is_backward(b) for p in b.flat_proxy_outs}
+        read = {
+            name
+            for b in after.bound_symbols
+            if is_backward(b) and reads_forward_values(b)
+            for name in _names((b.args, b.kwargs))
+            if name in proxies and name not in inputs
+        }
+        total = sum(value_bytes(proxies[n]) for n in read)
+        if total != saved_bytes:
+            problems.append(f"the backward reads {total} B of forward activations, the plan says {saved_bytes} B")
 
     if saved is not None:
         allowed = set(saved)

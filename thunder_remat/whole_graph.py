@@ -99,7 +99,8 @@ def plan_saved_values(trace, config, *, zero3: bool = False) -> SavePassResult:
             new = prefetch_regathers(new, config.fsdp_prefetch)
         if config.verify:
             replayed = {problem_op.op for problem_op in problem.ops if problem_op.force_recompute} if regather else set()
-            verify(trace, new, saved=choice.plan.saved, replayed=replayed, raise_on_error=True)
+            verify(trace, new, saved=choice.plan.saved, saved_bytes=choice.plan.saved_bytes, replayed=replayed,
+                   raise_on_error=True)
         result.trace = new
         result.rewrite_ms = (time.perf_counter() - end) * 1e3
     except Exception as exc:  # containment: leave the trace as Thunder made it
