@@ -115,3 +115,17 @@ def test_network_nodes_are_typed():
     assert net.nodes[:2] == (Terminal.SOURCE, Terminal.SINK)
     assert ValueNode("b", Side.OUT) in net.nodes
     assert net.network.num_nodes == 2 + 2 * 4
+
+
+def test_collectives_stay_in_the_producer():
+    """A fusion pair never moves an all-gather or a wait into the consumer (they have no tags)."""
+    from types import SimpleNamespace
+
+    from thunder_remat.pair_problem import TagCache, _keep_in_producer_reason
+
+    def bsym(name):
+        return SimpleNamespace(sym=SimpleNamespace(name=name, tags=None), tags=set(), subsymbols=())
+
+    for name in ("torch_all_gather_prim_impl", "torch_wait_prim_impl", "wait", "all_reduce"):
+        assert _keep_in_producer_reason(bsym(name), TagCache()) == "collective"
+    assert _keep_in_producer_reason(bsym("add"), TagCache()) is None

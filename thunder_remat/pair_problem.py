@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from thunder.core.prims import OpTags
 
 from thunder_remat.cost import value_bytes
+from thunder_remat.joint_analysis import collective_name
 
 __all__ = ["PairProblem", "build_pair_problem", "KEEP_IN_PRODUCER_TAGS", "TagCache"]
 
@@ -136,6 +137,10 @@ def build_pair_problem(
 
 
 def _keep_in_producer_reason(bsym, tags_of) -> str | None:
+    # Collectives carry no tags under the torch executor's names; the same name rule as the
+    # whole-graph pass keeps a consumer from issuing one again.
+    if collective_name(bsym) is not None:
+        return "collective"
     tags = tags_of(bsym)
     for tag, reason in KEEP_IN_PRODUCER_TAGS.items():
         if tag in tags:
