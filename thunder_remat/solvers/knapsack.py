@@ -78,18 +78,20 @@ def _dynamic_programming(values, weights, capacity) -> list[int]:
     step = max(capacity / DP_GRID, 1.0) if capacity > DP_GRID else 1.0
     cap = int(math.floor(capacity / step + 1e-9))
     units = [int(math.ceil(weights[i] / step - 1e-9)) for i in items]
-    best = [0.0] * (cap + 1)
-    took = [[False] * (cap + 1) for _ in items]
+    import numpy as np
+
+    best = np.zeros(cap + 1)
+    took = np.zeros((len(items), cap + 1), dtype=bool)
     for k, i in enumerate(items):
         u, v = units[k], values[i]
-        for c in range(cap, u - 1, -1):
-            candidate = best[c - u] + v
-            if candidate > best[c]:
-                best[c] = candidate
-                took[k][c] = True
+        # every capacity c >= u at once, from the previous row (the 0/1 recurrence)
+        candidate = best[: cap + 1 - u] + v
+        better = candidate > best[u:]
+        took[k, u:] = better
+        best[u:] = np.where(better, candidate, best[u:])
     kept, c = [], cap
     for k in range(len(items) - 1, -1, -1):
-        if took[k][c]:
+        if took[k, c]:
             kept.append(items[k])
             c -= units[k]
     return free + kept
