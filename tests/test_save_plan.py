@@ -22,9 +22,9 @@ def mlp_problem() -> SaveProblem:
     return problem(
         [("x", 64, True), ("w", 64, True), ("w2", 64, True), ("h", 128, False), ("g", 128, False), ("o", 64, False)],
         [
-            dict(op="linear", outputs=("h",), inputs=("x", "w"), flops=1000.0, soft_ban="matmul"),
-            dict(op="gelu", outputs=("g",), inputs=("h",), flops=32.0),
-            dict(op="linear", outputs=("o",), inputs=("g", "w2"), flops=1000.0, soft_ban="matmul"),
+            dict(op="linear", outputs=("h",), inputs=("x", "w"), cost=1000.0, soft_ban="matmul"),
+            dict(op="gelu", outputs=("g",), inputs=("h",), cost=32.0),
+            dict(op="linear", outputs=("o",), inputs=("g", "w2"), cost=1000.0, soft_ban="matmul"),
         ],
         ["x", "w", "h", "g", "w2"],
     )
@@ -47,7 +47,7 @@ def test_fastest_plan_keeps_the_matmul_output_and_recomputes_gelu():
     fastest = frontier.fastest
     assert fastest.saved == ("h", "w", "w2", "x")
     assert fastest.recomputed == (1,)
-    assert fastest.saved_bytes == 128 and fastest.recompute_flops == 32.0
+    assert fastest.saved_bytes == 128 and fastest.recompute_cost == 32.0
     assert fastest.cut_value == 128
 
 
@@ -55,7 +55,7 @@ def test_smallest_plan_recomputes_the_matmul_from_inputs():
     smallest = build_frontier(mlp_problem()).smallest
     assert smallest.saved == ("w", "w2", "x")
     assert smallest.recomputed == (0, 1)
-    assert smallest.saved_bytes == 0 and smallest.recompute_flops == 1032.0
+    assert smallest.saved_bytes == 0 and smallest.recompute_cost == 1032.0
 
 
 @pytest.mark.parametrize(
@@ -79,9 +79,9 @@ def random_op_problem() -> SaveProblem:
     return problem(
         [("x", 256, True), ("r", 256, False), ("mask", 64, False), ("y", 256, False)],
         [
-            dict(op="uniform", outputs=("r",), inputs=(), flops=64.0, hard_ban="random op"),
-            dict(op="lt", outputs=("mask",), inputs=("r",), flops=64.0),
-            dict(op="mul", outputs=("y",), inputs=("x", "mask"), flops=64.0),
+            dict(op="uniform", outputs=("r",), inputs=(), cost=64.0, hard_ban="random op"),
+            dict(op="lt", outputs=("mask",), inputs=("r",), cost=64.0),
+            dict(op="mul", outputs=("y",), inputs=("x", "mask"), cost=64.0),
         ],
         ["mask"],
     )
@@ -102,7 +102,7 @@ def test_infeasible_byte_budget_returns_the_smallest_plan():
 
 def test_forced_recompute_is_never_saved():
     p = mlp_problem()
-    p.ops[1] = ForwardOp(index=1, op="gelu", outputs=("g",), inputs=("h",), flops=32.0, force_recompute=True)
+    p.ops[1] = ForwardOp(index=1, op="gelu", outputs=("g",), inputs=("h",), cost=32.0, force_recompute=True)
     p.needed_by_backward = ("g", "w2")
     plan = plan_with_bans(p, {0, 2})
     assert "g" not in plan.saved and 1 in plan.recomputed
@@ -131,7 +131,7 @@ def random_problem(rng: random.Random) -> SaveProblem:
                 op="op",
                 outputs=(out,),
                 inputs=ins,
-                flops=float(rng.randint(1, 1000)),
+                cost=float(rng.randint(1, 1000)),
                 hard_ban="random op" if kind < 0.1 else None,
                 soft_ban="matmul" if 0.1 <= kind < 0.45 else None,
             )
@@ -148,7 +148,7 @@ def test_frontier_plans_are_valid_and_budgets_are_monotone(seed, solver):
     frontier = build_frontier(p, solver)
     for plan in frontier.plans:
         assert valid(p, plan)
-        assert plan.cut_value == pytest.approx(plan.saved_bytes)
+        assert plan.cut_value == pytest.approx(plan.saved_bytes + plan.price * plan.recompute_cost)
     assert frontier.smallest.saved_bytes == min(plan.saved_bytes for plan in frontier.plans)
     assert choose_fastest(p, ("fraction", 1.0)).plan == frontier.fastest
     assert choose_plan(frontier, ("fraction", 1.0)).plan == frontier.fastest
@@ -156,5 +156,5 @@ def test_frontier_plans_are_valid_and_budgets_are_monotone(seed, solver):
     for b in (1.0, 0.9, 0.7, 0.5, 0.3, 0.1, 0.0):
         choice = choose_plan(frontier, ("fraction", b))
         assert choice.feasible and choice.plan.saved_bytes <= choice.target_bytes
-        assert choice.plan.saved_bytes <= last_bytes and choice.plan.recompute_flops >= last_flops
-        last_bytes, last_flops = choice.plan.saved_bytes, choice.plan.recompute_flops
+        assert choice.plan.saved_bytes <= last_bytes and choice.plan.recompute_cost >= last_flops
+        last_bytes, last_flops = choice.plan.saved_bytes, choice.plan.recompute_cost

@@ -107,7 +107,8 @@ def write_outputs(folder, jm, report) -> list[str]:
         put("sweep.json", json.dumps([p.__dict__ for p in points], indent=2) + "\n")
         put("cut.dot", thunder_remat.draw(jm))
         chosen = thunder_remat.last_save_plan(jm).choice.plan
-        mark = thunder_remat.tradeoff.SweepPoint("chosen", None, chosen.saved_bytes, chosen.recompute_flops, True)
+        unit = thunder_remat.last_save_plan(jm).problem.cost_unit
+        mark = thunder_remat.tradeoff.SweepPoint("chosen", None, chosen.saved_bytes, chosen.recompute_cost, True, unit)
         try:
             thunder_remat.plot_tradeoff(points, out / "tradeoff.png", chosen=mark)
             written.append(str(out / "tradeoff.png"))
@@ -146,7 +147,7 @@ def main(argv=None) -> int:
     if plan is not None and plan.choice is not None:
         rows += [
             ("whole-graph: forward ops recomputed in backward", "-", len(plan.choice.plan.recomputed)),
-            ("whole-graph: est. recompute (flops)", "-", f"{plan.choice.plan.recompute_flops:.3g}"),
+            (f"whole-graph: est. recompute ({plan.problem.cost_unit})", "-", f"{plan.choice.plan.recompute_cost:.3g}"),
             ("whole-graph pass time (ms)", "-", f"{plan.analysis_ms + plan.solve_ms + plan.rewrite_ms:.1f}"),
         ]
     if pairs is not None:

@@ -12,6 +12,7 @@ from thunder_remat.solvers.knapsack import KNAPSACK_SOLVERS
 __all__ = ["RematConfig", "COMPILE_OPTIONS", "config_from_options"]
 
 _BOOLS = (True, False)
+COST_MODELS = ("flops", "measured")
 
 
 @dataclass(frozen=True)
@@ -35,6 +36,9 @@ class RematConfig:
     memory_budget: Any = 1.0
     #: Knapsack solver used when the budget is tight: "greedy", "dp" or "ilp" (scipy).
     solver: str = "dp"
+    #: How the whole-graph pass prices recomputing an op: "flops" (estimated from shapes, free and
+    #: deterministic) or "measured" (each distinct op timed once on its device; see docs/whole-graph.md).
+    cost_model: str = "flops"
     #: Which forward ops may be recomputed (see thunder_remat.policies).
     policies: tuple = DEFAULT_POLICIES
     #: Check every rewritten trace with thunder_remat.verify; a rewrite that fails is undone (with a warning).
@@ -48,6 +52,7 @@ class RematConfig:
         for name in ("enabled", "fusion_pairs", "whole_graph", "verify", "fsdp_regather"):
             _check_choice(name, getattr(self, name), _BOOLS)
         _check_choice("solver", self.solver, KNAPSACK_SOLVERS)
+        _check_choice("cost_model", self.cost_model, COST_MODELS)
         n = self.fsdp_prefetch
         if isinstance(n, bool) or not isinstance(n, int) or n < 1:
             raise ValueError(f"thunder_remat option 'remat_fsdp_prefetch' must be an int >= 1, got {n!r}")

@@ -114,6 +114,7 @@ def build_save_problem(trace, policies, *, regather_params: bool = False) -> Sav
     regather = _regathered(forward, inputs) if regather_params else set()
     problem = SaveProblem()
     proxies = {}
+    constants: set[str] = set()
 
     def add_value(p, is_input: bool) -> None:
         if p.name not in problem.values:
@@ -152,13 +153,19 @@ def build_save_problem(trace, policies, *, regather_params: bool = False) -> Sav
         judgement = judge_op(facts, policies)
         if i in regather:
             judgement = Judgement(recompute=True, reasons=(REGATHER,))
+        # An op fed by nothing but constants (arange, a causal mask from it) makes a constant:
+        # Thunder's forward/backward split recomputes those in the backward whatever the plan says,
+        # so the plan prices them at nothing and never counts them as saved.
+        is_constant = judgement.hard is None and all(p.name in constants for p in reads)
+        if is_constant:
+            constants.update(p.name for p in outs)
         problem.ops.append(
             ForwardOp(
                 index=i,
                 op=bsym.sym.name,
                 outputs=tuple(p.name for p in outs),
                 inputs=tuple(dict.fromkeys(p.name for p in reads)),
-                flops=op_flops(bsym, names),
+                cost=0.0 if is_constant else op_flops(bsym, names),
                 hard_ban=judgement.hard,
                 soft_ban=judgement.soft,
                 force_recompute=judgement.recompute,

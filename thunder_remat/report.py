@@ -41,6 +41,10 @@ class RematReport:
     activation_bytes_before: int | None = None
     budget: str = ""
     budget_feasible: bool = True
+    #: estimated cost of the whole-graph plan's recomputation, in ``recompute_unit``
+    recompute_cost: float = 0.0
+    #: "flops" (estimated from shapes) or "us" (measured, remat_cost_model="measured")
+    recompute_unit: str = "flops"
     times_ms: dict = field(default_factory=dict)
     pairs: list[dict] = field(default_factory=list)
 
@@ -61,6 +65,8 @@ class RematReport:
             "saved_bytes": self.saved_bytes,
             "budget": self.budget,
             "budget_feasible": self.budget_feasible,
+            "recompute_cost": self.recompute_cost,
+            "recompute_unit": self.recompute_unit,
             "times_ms": dict(self.times_ms),
             "pairs": list(self.pairs),
         }
@@ -72,6 +78,8 @@ class RematReport:
         before = "?" if self.activation_bytes_before is None else f"{self.activation_bytes_before:,}"
         lines.append(f"  saved activations: {before} B -> {self.activation_bytes:,} B "
                      f"({sum(v.activation for v in self.saved)} tensors; {self.saved_bytes:,} B with inputs)")
+        if self.recomputed:
+            lines.append(f"  estimated recompute: {self.recompute_cost:.3g} {self.recompute_unit}")
         if self.times_ms:
             lines.append("  pass times: " + ", ".join(f"{k} {v:.1f} ms" for k, v in self.times_ms.items()))
         lines.append("  saved for backward:")
@@ -138,6 +146,7 @@ def explain(jitted) -> RematReport:
         if save.choice.target_bytes is not None:
             report.budget += f" = {save.choice.target_bytes:,} B"
         report.budget_feasible = save.choice.feasible
+        report.recompute_cost, report.recompute_unit = plan.recompute_cost, problem.cost_unit
         report.times_ms["whole-graph analysis"] = save.analysis_ms
         report.times_ms["whole-graph solve"] = save.solve_ms
         report.times_ms["whole-graph rewrite"] = save.rewrite_ms

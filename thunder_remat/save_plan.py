@@ -13,13 +13,18 @@ recomputed there.
 Bans come from policies. *Hard* bans (random without exact replay, in place, collectives, Thunder's
 ``DONT_RECOMPUTE_IN_BACKWARD``) always hold. *Soft* bans (matmuls, small reductions) hold in the
 fastest plan; under a tight budget a knapsack decides which of them to keep: each soft-banned op
-kept costs its output bytes and spares its recompute time. The plans found for a grid of knapsack
-capacities, plus the fastest and the smallest, form a Pareto frontier; a budget picks the plan
-with the least recompute whose saved bytes fit, so saved bytes never grow as the budget falls.
+kept costs its output bytes and spares its recompute time. A second family of plans weighs
+recompute directly: with a price ``w`` per unit of recompute cost, each op's value pays
+``w * cost`` when it ends up recomputed (an edge from the source), so one min cut minimizes
+``saved bytes + w * recompute``; a sweep of prices traces the lower hull of the trade-off. The
+plans of both families, plus the fastest and the smallest, form a Pareto frontier; a budget picks
+the plan with the least recompute whose saved bytes fit, so saved bytes never grow as the budget
+falls.
 """
 
 from __future__ import annotations
 
+import logging
 import math
 import time
 from dataclasses import dataclass, field
@@ -31,8 +36,12 @@ from thunder_remat.solvers.maxflow import CutResult, FlowNetwork, min_cut
 __all__ = ["SavePlan", "SaveNetwork", "Frontier", "BudgetChoice", "build_save_network", "plan_with_bans",
            "build_frontier", "choose_plan", "choose_fastest", "is_fastest_budget"]
 
+log = logging.getLogger(__name__)
+
 #: knapsack capacities tried between the smallest and the fastest plan
 FRONTIER_STEPS = 16
+#: recompute prices tried (geometric, spanning the ops' bytes-per-cost ratios)
+PRICE_STEPS = 24
 
 
 @dataclass(frozen=True)
@@ -57,10 +66,13 @@ class SavePlan:
     #: bytes of saved values that are not inputs (the activations held between forward and backward)
     saved_bytes: int
     #: estimated cost of the recomputation (sum of the recomputed ops' flop estimates)
-    recompute_flops: float
+    recompute_cost: float
     #: soft-banned ops kept banned in this plan
     kept_bans: frozenset[int]
+    #: the cut's value: saved bytes + price * recompute cost
     cut_value: float
+    #: price per unit of recompute cost the cut was solved with (0: bytes only)
+    price: float = 0.0
 
     @property
     def key(self) -> tuple:
@@ -101,7 +113,13 @@ def _soft_banned(problem: SaveProblem) -> list[ForwardOp]:
     return [op for op in problem.ops if op.soft_ban and not op.hard_ban]
 
 
-def build_save_network(problem: SaveProblem, kept_bans: frozenset[int]) -> SaveNetwork:
+def build_save_network(problem: SaveProblem, kept_bans: frozenset[int], price: float = 0.0) -> SaveNetwork:
+    """The flow network for ``problem`` with ``kept_bans`` soft bans in force.
+
+    ``price`` > 0 also charges ``price * op cost`` for every op left on the recompute side (an
+    edge source -> the in-node of its first output; its other outputs are tied to that node, so
+    a multi-output op is charged once and recomputed whole).
+    """
     names = sorted(problem.values)
     index = {name: i for i, name in enumerate(names)}
     source, sink = 2 * len(names), 2 * len(names) + 1
@@ -130,6 +148,13 @@ def build_save_network(problem: SaveProblem, kept_bans: frozenset[int]) -> SaveN
         value_edge[name] = add(2 * i, 2 * i + 1, math.inf if must_recompute else float(value.nbytes))
         if banned:
             add(source, 2 * i, math.inf)
+        elif price > 0.0 and op.cost > 0.0:
+            first = index[op.outputs[0]]
+            if first == i:
+                add(source, 2 * i, price * op.cost)
+            else:
+                add(2 * first, 2 * i, math.inf)
+                add(2 * i, 2 * first, math.inf)
         for dep in sorted(set(op.inputs)):
             add(2 * index[dep] + 1, 2 * i, math.inf)
     for name in sorted(set(problem.needed_by_backward)):
@@ -138,7 +163,7 @@ def build_save_network(problem: SaveProblem, kept_bans: frozenset[int]) -> SaveN
     return SaveNetwork(network, tuple(labels), value_edge)
 
 
-def plan_from_cut(problem: SaveProblem, net: SaveNetwork, cut: CutResult, kept_bans) -> SavePlan:
+def plan_from_cut(problem: SaveProblem, net: SaveNetwork, cut: CutResult, kept_bans, price: float = 0.0) -> SavePlan:
     if not cut.is_finite:
         raise ValueError("no finite cut: a value the backward reads can neither be saved nor recomputed")
     side = cut.source_side
@@ -155,20 +180,36 @@ def plan_from_cut(problem: SaveProblem, net: SaveNetwork, cut: CutResult, kept_b
         saved=tuple(saved),
         recomputed=tuple(recomputed),
         saved_bytes=problem.nbytes(saved),
-        recompute_flops=float(sum(ops[i].flops for i in recomputed)),
+        recompute_cost=float(sum(ops[i].cost for i in recomputed)),
         kept_bans=frozenset(kept_bans),
         cut_value=cut.value,
+        price=price,
     )
 
 
-def plan_with_bans(problem: SaveProblem, kept_bans) -> SavePlan:
+def plan_with_bans(problem: SaveProblem, kept_bans, price: float = 0.0) -> SavePlan:
     kept = frozenset(kept_bans)
-    net = build_save_network(problem, kept)
-    return plan_from_cut(problem, net, min_cut(net.network), kept)
+    net = build_save_network(problem, kept, price)
+    return plan_from_cut(problem, net, min_cut(net.network), kept, price)
+
+
+def recompute_prices(problem: SaveProblem, steps: int = PRICE_STEPS) -> list[float]:
+    """Prices per unit of recompute cost worth trying: a geometric grid from a quarter of the
+    smallest to four times the largest bytes-per-cost ratio of a recomputable op (below the
+    smallest, every op is cheaper to recompute than to save; above the largest, none is)."""
+    ratios = [
+        problem.nbytes(op.outputs) / op.cost
+        for op in problem.ops
+        if op.hard_ban is None and op.cost > 0 and problem.nbytes(op.outputs) > 0
+    ]
+    if not ratios or steps < 2:
+        return []
+    low, high = min(ratios) / 4.0, max(ratios) * 4.0
+    return [low * (high / low) ** (k / (steps - 1)) for k in range(steps)]
 
 
 def build_frontier(problem: SaveProblem, solver: str = "dp", steps: int = FRONTIER_STEPS) -> Frontier:
-    """The fastest plan, the smallest plan, and knapsack plans between them, Pareto-filtered."""
+    """The fastest plan, the smallest plan, and knapsack and priced plans between them, Pareto-filtered."""
     start = time.perf_counter()
     soft = _soft_banned(problem)
     fastest = plan_with_bans(problem, {op.index for op in soft})
@@ -176,22 +217,31 @@ def build_frontier(problem: SaveProblem, solver: str = "dp", steps: int = FRONTI
     plans = {fastest.key: fastest, smallest.key: smallest}
     if soft and fastest.saved_bytes > smallest.saved_bytes:
         weights = [float(problem.nbytes(op.outputs)) for op in soft]
-        values = [op.flops for op in soft]
+        values = [op.cost for op in soft]
         total = sum(weights)
         for k in range(1, steps):
             kept = solve_knapsack(values, weights, total * k / steps, solver).kept
             plan = plan_with_bans(problem, {soft[i].index for i in kept})
             plans.setdefault(plan.key, plan)
-    pareto = _pareto(plans.values())
+        for price in recompute_prices(problem):
+            plan = plan_with_bans(problem, set(), price)
+            plans.setdefault(plan.key, plan)
+    # The fastest plan (budget 1.0, one min cut) anchors the top of the frontier: a plan that saves
+    # more, or recomputes less, would make a smaller budget save more or recompute less than 1.0.
+    in_range = [p for p in plans.values() if p is smallest or (
+        p.saved_bytes <= fastest.saved_bytes and p.recompute_cost >= fastest.recompute_cost)]
+    if len(in_range) < sum(p.saved_bytes <= fastest.saved_bytes for p in plans.values()):
+        log.debug("a priced plan beats the fastest plan on both bytes and recompute; it is not offered")
+    pareto = _pareto(in_range)
     return Frontier(tuple(pareto), fastest, smallest, (time.perf_counter() - start) * 1e3)
 
 
 def _pareto(plans) -> list[SavePlan]:
     """Plans no other plan beats on both saved bytes and recompute, by bytes ascending."""
-    ordered = sorted(plans, key=lambda p: (p.saved_bytes, p.recompute_flops, p.key))
+    ordered = sorted(plans, key=lambda p: (p.saved_bytes, p.recompute_cost, p.key))
     kept: list[SavePlan] = []
     for plan in ordered:
-        if not kept or plan.recompute_flops < kept[-1].recompute_flops:
+        if not kept or plan.recompute_cost < kept[-1].recompute_cost:
             kept.append(plan)
     return kept
 
@@ -218,5 +268,5 @@ def choose_plan(frontier: Frontier, budget) -> BudgetChoice:
     fitting = [p for p in frontier.plans if p.saved_bytes <= target]
     if not fitting:
         return BudgetChoice(frontier.plans[0], target, False, frontier)
-    best = min(fitting, key=lambda p: (p.recompute_flops, p.saved_bytes, p.key))
+    best = min(fitting, key=lambda p: (p.recompute_cost, p.saved_bytes, p.key))
     return BudgetChoice(best, target, True, frontier)

@@ -7,9 +7,10 @@ would cost to run again, and whether (and why) it may not be recomputed in the b
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import statistics
+from dataclasses import dataclass, field, replace
 
-__all__ = ["ForwardValue", "ForwardOp", "SaveProblem"]
+__all__ = ["ForwardValue", "ForwardOp", "SaveProblem", "with_measured_costs"]
 
 
 @dataclass(frozen=True)
@@ -38,7 +39,8 @@ class ForwardOp:
     op: str
     outputs: tuple[str, ...]
     inputs: tuple[str, ...]
-    flops: float
+    #: what running it again costs, in the problem's ``cost_unit``
+    cost: float
     hard_ban: str | None = None
     soft_ban: str | None = None
     force_recompute: bool = False
@@ -53,9 +55,28 @@ class SaveProblem:
     ops: list[ForwardOp] = field(default_factory=list)
     #: forward values read by backward operations, in first-use order
     needed_by_backward: tuple[str, ...] = ()
+    #: unit of every op's ``cost``: "flops" (estimated from shapes) or "us" (measured microseconds)
+    cost_unit: str = "flops"
 
     def producer_of(self) -> dict[str, ForwardOp]:
         return {out: op for op in self.ops for out in op.outputs}
 
     def nbytes(self, names) -> int:
         return sum(self.values[n].nbytes for n in names if not self.values[n].is_input)
+
+
+def with_measured_costs(problem: SaveProblem, micros: dict[int, float]) -> SaveProblem:
+    """``problem`` with op costs in measured microseconds (``micros``: op index -> us).
+
+    An op with a flop estimate but no measurement (it could not run alone) is priced at the
+    median microseconds-per-flop of the measured ops, so both kinds stay comparable; an op with
+    no flops (a view) costs nothing either way.
+    """
+    rates = [micros[op.index] / op.cost for op in problem.ops if op.index in micros and op.cost > 0]
+    rate = statistics.median(rates) if rates else 0.0
+    ops = [
+        replace(op, cost=float(micros[op.index]) if op.index in micros else op.cost * rate)
+        for op in problem.ops
+    ]
+    return SaveProblem(values=dict(problem.values), ops=ops, needed_by_backward=problem.needed_by_backward,
+                       cost_unit="us")

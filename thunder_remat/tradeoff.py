@@ -22,33 +22,36 @@ class SweepPoint:
     budget: object
     target_bytes: int | None
     saved_bytes: int
-    recompute_flops: float
+    recompute_cost: float
     feasible: bool
+    #: unit of recompute_cost: "flops" (estimated) or "us" (measured)
+    unit: str = "flops"
 
 
 def _frontier(source):
-    """Accept a jitted function (after one call), a SavePassResult, or a Frontier."""
+    """Accept a jitted function (after one call), a SavePassResult, or a Frontier (flops assumed)."""
     from thunder_remat.plugin import last_save_plan
 
     if hasattr(source, "plans") and hasattr(source, "fastest"):
-        return source
+        return source, "flops"
     result = source if hasattr(source, "choice") else last_save_plan(source)
     if result is None or result.choice is None:
         raise ValueError(
             "thunder_remat.sweep_budgets needs a function jitted with remat=True (and the whole-graph pass on) "
             "that has been called once, or a SavePassResult / Frontier"
         )
-    return result.frontier()
+    return result.frontier(), result.problem.cost_unit
 
 
 def sweep_budgets(source, budgets=DEFAULT_SWEEP) -> list[SweepPoint]:
     """Saved bytes and estimated recompute of the plan each budget would choose."""
-    frontier = _frontier(source)
+    frontier, unit = _frontier(source)
     points = []
     for b in budgets:
         choice = choose_plan(frontier, parse_budget(b))
         points.append(
-            SweepPoint(b, choice.target_bytes, choice.plan.saved_bytes, choice.plan.recompute_flops, choice.feasible)
+            SweepPoint(b, choice.target_bytes, choice.plan.saved_bytes, choice.plan.recompute_cost, choice.feasible,
+                       unit)
         )
     return points
 
@@ -68,27 +71,28 @@ def plot_tradeoff(points, path, *, chosen: SweepPoint | None = None, title: str 
     if not points:
         raise ValueError("plot_tradeoff needs at least one SweepPoint")
     fig, ax = plt.subplots(figsize=(6, 4))
-    xs = [p.recompute_flops for p in points]
+    xs = [p.recompute_cost for p in points]
     ys = [p.saved_bytes for p in points]
     ax.plot(xs, ys, marker="o", linestyle="-", label="plan per budget")
     for p in points:
-        ax.annotate(f"{p.budget}", (p.recompute_flops, p.saved_bytes), textcoords="offset points", xytext=(4, 4),
+        ax.annotate(f"{p.budget}", (p.recompute_cost, p.saved_bytes), textcoords="offset points", xytext=(4, 4),
                     fontsize=7)
     if chosen is not None:
-        ax.plot([chosen.recompute_flops], [chosen.saved_bytes], marker="*", markersize=14, color="red",
+        ax.plot([chosen.recompute_cost], [chosen.saved_bytes], marker="*", markersize=14, color="red",
                 linestyle="none", label=f"chosen ({chosen.budget})")
-    ax.set_xlabel("estimated recompute (flops)")
+    unit = {"us": "measured microseconds"}.get(points[0].unit, points[0].unit)
+    ax.set_xlabel(f"estimated recompute ({unit})")
     ax.set_ylabel("saved activation bytes")
     ax.set_title(title)
     ax.legend()
     fig.tight_layout()
     # The plotted points ride along in the PNG's text metadata, so a file can be checked (and
     # re-read) without image analysis.
-    data = [{"budget": str(p.budget), "saved_bytes": p.saved_bytes, "recompute_flops": p.recompute_flops,
-             "feasible": p.feasible} for p in points]
+    data = [{"budget": str(p.budget), "saved_bytes": p.saved_bytes, "recompute_cost": p.recompute_cost,
+             "unit": p.unit, "feasible": p.feasible} for p in points]
     if chosen is not None:
         data.append({"budget": f"chosen {chosen.budget}", "saved_bytes": chosen.saved_bytes,
-                     "recompute_flops": chosen.recompute_flops, "feasible": chosen.feasible})
+                     "recompute_cost": chosen.recompute_cost, "unit": chosen.unit, "feasible": chosen.feasible})
     fig.savefig(path, format="png", metadata={"Description": json.dumps(data)})
     plt.close(fig)
     return path

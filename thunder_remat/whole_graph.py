@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from thunder_remat.joint_analysis import build_save_problem
 from thunder_remat.recompute_rewrite import insert_recomputation, prefetch_regathers
 from thunder_remat.save_plan import BudgetChoice, Frontier, build_frontier, choose_fastest, choose_plan, is_fastest_budget
-from thunder_remat.save_problem import SaveProblem
+from thunder_remat.save_problem import SaveProblem, with_measured_costs
 from thunder_remat.verify import verify
 
 __all__ = ["SavePassResult", "plan_saved_values", "BudgetInfeasibleWarning"]
@@ -66,11 +66,20 @@ class SavePassResult:
             text += f" = {self.choice.target_bytes} B"
         text += (
             f"; saved activation bytes {self.saved_bytes_before} -> {plan.saved_bytes}; "
-            f"{len(plan.recomputed)} forward ops recomputed in backward, est. {plan.recompute_flops:.3g} flops"
+            f"{len(plan.recomputed)} forward ops recomputed in backward, est. {plan.recompute_cost:.3g} "
+            f"{self.problem.cost_unit}"
         )
         if not self.choice.feasible:
             text += "; budget infeasible, smallest plan used"
         return text + ")"
+
+
+def _measure(trace, problem: SaveProblem) -> dict[int, float]:
+    """Time the forward ops the plan may recompute (not the banned ones, not the free views)."""
+    from thunder_remat.executors.op_timing import time_ops
+
+    candidates = {op.index: trace.bound_symbols[op.index] for op in problem.ops if op.hard_ban is None and op.cost > 0}
+    return time_ops(candidates)
 
 
 def plan_saved_values(trace, config, *, zero3: bool = False) -> SavePassResult:
@@ -84,6 +93,8 @@ def plan_saved_values(trace, config, *, zero3: bool = False) -> SavePassResult:
         start = time.perf_counter()
         regather = zero3 and config.fsdp_regather
         problem = build_save_problem(trace, config.policies, regather_params=regather)
+        if config.cost_model == "measured":
+            problem = with_measured_costs(problem, _measure(trace, problem))
         result.problem = problem
         mid = time.perf_counter()
         result.analysis_ms = (mid - start) * 1e3
