@@ -1,11 +1,17 @@
-"""Peak CPU memory of one training step as the memory budget falls.
+"""Peak tensor memory of one training step as the memory budget falls.
 
-For each budget, ``thunder.jit(model, executors=[eager], remat=True, remat_memory_budget=b)`` is
-compiled and warmed up, then one forward+backward step runs under ``torch.profiler`` with
-``profile_memory=True``. Every allocation and free the CPU allocator reports is a memory event;
-their running sum, in time order, is the memory allocated since the step began, and its maximum is
-the step's peak (relative to the memory live before the step). Also reported: activation bytes
-saved for backward (saved_tensors_hooks) and the plan's estimated recompute.
+For each budget, ``thunder.jit(model, executors=..., remat=True, remat_memory_budget=b)`` is
+compiled and warmed up, then one forward+backward step runs under
+``thunder_remat.measure.step_peak_memory``: every tensor an op returns is followed until it is
+freed, and the most bytes alive at once is the step's peak (parameters, their gradients and the
+batch are held before and after the step and are not counted). This works on CPU, where there is
+no ``max_memory_allocated``. Also reported: activation bytes saved for backward
+(saved_tensors_hooks) and the plan's estimated recompute.
+
+``--executor none`` (default) runs Thunder's torch executor without a fusion executor, so each
+intermediate is freed right after its last use (Thunder inserts the deletes); the light
+``eager`` executor runs each fusion region as one Python function that keeps every intermediate
+of the region alive until it returns, which hides what the plan does.
 
 Usage::
 
@@ -21,60 +27,40 @@ import warnings
 BUDGETS = (1.0, 0.7, 0.5, 0.3, 0.1, 0.0)
 
 
-def step_peak_bytes(fn) -> int:
-    import torch
-    from torch.profiler import ProfilerActivity, profile
-
-    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
-        fn()
-    events = sorted(
-        (e for e in prof.events() if getattr(e, "self_cpu_memory_usage", 0)),
-        key=lambda e: e.time_range.start,
-    )
-    live = peak = 0
-    for e in events:
-        live += e.self_cpu_memory_usage
-        peak = max(peak, live)
-    del torch
-    return peak
-
-
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--model", default="gpt", choices=["mlp", "gpt", "llama"])
     p.add_argument("--size", default="small", choices=["tiny", "small", "bench"])
+    p.add_argument("--executor", default="none", choices=["none", "eager", "torchcompile"],
+                   help="Thunder fusion executor (default: none, Thunder's torch executor only)")
     args = p.parse_args(argv)
     warnings.filterwarnings("ignore")
     import thunder
-    import torch
 
     import thunder_remat
-    from thunder_remat.executors.eager import eager_fusion_ex
-    from thunder_remat.measure import saved_for_backward
+    from thunder_remat.executors import fusion_executor_by_name
+    from thunder_remat.measure import saved_for_backward, step_peak_memory
     from thunder_remat.models import build_model, example_batch
 
-    print("| model | size | budget | peak step memory (B) | saved activation bytes | est. recompute flops |")
-    print("|---|---|---|---|---|---|")
+    executors = [] if args.executor == "none" else [fusion_executor_by_name(args.executor)]
+    print("| model | size | executor | budget | step peak B | saved activation B | est. recompute (flops) |")
+    print("|---|---|---|---|---|---|---|")
     rows = [("Thunder (no remat)", {})] + [(b, {"remat": True, "remat_memory_budget": b}) for b in BUDGETS]
     for label, options in rows:
         model = build_model(args.model, args.size)
         x = example_batch(model)
-        jm = thunder.jit(model, executors=[eager_fusion_ex], **options)
-        for _ in range(2):  # compile and warm up
+        jm = thunder.jit(model, executors=executors, **options)
+        for _ in range(2):  # compile and warm up; gradients now exist and are accumulated in place
             jm(x).float().pow(2).mean().backward()
         out, saved = saved_for_backward(jm, x)
         out.float().pow(2).mean().backward()
         del out
-        model.zero_grad(set_to_none=False)
-
-        def step():
-            jm(x).float().pow(2).mean().backward()
-
-        peak = step_peak_bytes(step)
+        held = [x, *model.parameters(), *(q.grad for q in model.parameters() if q.grad is not None)]
+        peak = step_peak_memory(lambda: jm(x).float().pow(2).mean().backward(), held).peak_bytes
         plan = thunder_remat.last_save_plan(jm)
-        flops = f"{plan.choice.plan.recompute_flops:.3g}" if plan is not None and plan.choice else "-"
-        print(f"| {args.model} | {args.size} | {label} | {peak:,} | {saved.activation_bytes:,} | {flops} |", flush=True)
-    del torch
+        cost = f"{plan.choice.plan.recompute_cost:.3g}" if plan is not None and plan.choice else "-"
+        print(f"| {args.model} | {args.size} | {args.executor} | {label} | {peak:,} | {saved.activation_bytes:,} "
+              f"| {cost} |", flush=True)
     return 0
 
 

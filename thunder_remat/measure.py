@@ -1,12 +1,20 @@
-"""Measuring what a real forward saves for backward, with ``torch.autograd.graph.saved_tensors_hooks``."""
+"""Measuring memory in real runs.
+
+* what a forward saves for backward (``torch.autograd.graph.saved_tensors_hooks``);
+* the peak of tensor memory allocated during a step (a ``TorchDispatchMode`` that follows every
+  tensor an op returns until it is freed), on any device, CPU included.
+"""
 
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass
 
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
 
-__all__ = ["SavedTensors", "saved_for_backward"]
+__all__ = ["SavedTensors", "saved_for_backward", "StepMemory", "step_peak_memory"]
 
 
 @dataclass(frozen=True)
@@ -53,3 +61,67 @@ def saved_for_backward(fn, *args, **kwargs) -> tuple[object, SavedTensors]:
     held = _held_storages(fn, args, kwargs)
     activations = [n for key, n in seen.items() if key[0] not in held]
     return out, SavedTensors(len(seen), sum(seen.values()), len(activations), sum(activations))
+
+
+@dataclass(frozen=True)
+class StepMemory:
+    """Tensor bytes allocated by the ops of one step: the most alive at once, and still alive after."""
+
+    peak_bytes: int
+    end_bytes: int
+
+
+class _LiveTensorBytes(TorchDispatchMode):
+    """Counts each storage an op returns once, from the op until the last tensor on it is freed.
+
+    Storages of ``held`` tensors (parameters, inputs, existing gradients) and views of them are
+    not counted: they exist before the step and after it.
+    """
+
+    def __init__(self, held) -> None:
+        super().__init__()
+        self.held = {t.untyped_storage().data_ptr() for t in held if isinstance(t, torch.Tensor)}
+        self.live: dict[tuple, list] = {}
+        self.now = self.peak = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for t in tree_flatten(out)[0]:
+            if isinstance(t, torch.Tensor):
+                self._track(t)
+        self.peak = max(self.peak, self.now)
+        return out
+
+    def _track(self, t: torch.Tensor) -> None:
+        storage = t.untyped_storage()
+        ptr, nbytes = storage.data_ptr(), storage.nbytes()
+        if nbytes == 0 or ptr in self.held:
+            return
+        key = (t.device, ptr)
+        entry = self.live.get(key)
+        if entry is None:
+            entry = self.live[key] = [nbytes, 0]
+            self.now += nbytes
+        entry[1] += 1
+        weakref.finalize(t, self._release, key)
+
+    def _release(self, key) -> None:
+        entry = self.live.get(key)
+        if entry is not None:
+            entry[1] -= 1
+            if entry[1] == 0:
+                self.now -= entry[0]
+                del self.live[key]
+
+
+def step_peak_memory(step, held=()) -> StepMemory:
+    """Run ``step()`` and report the peak of tensor bytes its ops had allocated at one time.
+
+    Pass the tensors that outlive the step (parameters, their gradients, the batch) as ``held``
+    so that views of them are not counted. Unlike a device allocator's statistics this counts
+    tensor storage only (no allocator caching or fragmentation) and works on CPU.
+    """
+    mode = _LiveTensorBytes(held)
+    with mode:
+        step()
+    return StepMemory(mode.peak, mode.now)
