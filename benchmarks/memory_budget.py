@@ -10,8 +10,11 @@ Each runs one forward under ``thunder_remat.measure.saved_for_backward`` (saved_
 table reports *activation* bytes: saved tensors that do not share storage with the input batch
 or the model's parameters and buffers (those are held anyway). Gradients of a
 ``out.float().pow(2).mean()`` loss are compared with eager PyTorch (allclose, atol 1e-5, rtol 1e-4).
-thunder_remat's estimated recompute (flops, from shapes) is reported for its plan; torch's
-partitioner does not expose a comparable number, so none is given for it.
+Estimated recompute uses one flop rule for both (thunder_remat.cost.op_flops; for torch, applied
+to the aten nodes its partitioner moved into the backward, see benchmarks/torch_partition.py).
+The two budget fractions are each system's own scale (between its smallest and its fastest plan),
+so the table also gives thunder_remat's plan under an absolute byte budget equal to what torch
+saved at that fraction: the least recompute thunder_remat needs to hold no more than torch.
 
 Usage::
 
@@ -75,6 +78,9 @@ def bench(name, size, executor, budgets):
     from thunder_remat.executors import fusion_executor_by_name
     from thunder_remat.measure import saved_for_backward
     from thunder_remat.models import build_model, example_batch
+    from thunder_remat.save_plan import choose_plan
+
+    from torch_partition import capture_partitions, is_matmul_like
 
     model = build_model(name, size)
     x = example_batch(model)
@@ -92,19 +98,28 @@ def bench(name, size, executor, budgets):
         log.info("%s/%s budget %s: torch.compile", name, size, b)
         torch._dynamo.reset()
         start = time.perf_counter()
-        with functorch_config.patch(activation_memory_budget=b):
+        with functorch_config.patch(activation_memory_budget=b), capture_partitions() as partitions:
             compiled = torch.compile(model)
             out, saved_tc = saved_for_backward(compiled, x)
             tc_ok = _grads_ok(model, out, ref)
+        torch_flops = sum(p.recompute_flops() for p in partitions)
+        torch_mm = sum(p.recompute_matmul_flops() for p in partitions)
         log.info("  %.1f s; thunder_remat", time.perf_counter() - start)
         jm = thunder.jit(model, executors=[ex], remat=True, remat_memory_budget=b)
         out, saved_ours = saved_for_backward(jm, x)
         ours_ok = _grads_ok(model, out, ref)
         plan = thunder_remat.last_save_plan(jm)
+        at_torch = choose_plan(plan.frontier(), ("bytes", saved_tc.activation_bytes)).plan
+        ops = {op.index: op for op in plan.problem.ops}
+
+        def matmul_flops(p):
+            return sum(ops[i].cost for i in p.recomputed if is_matmul_like(ops[i].op))
         rows.append(dict(
             model=name, size=size, budget=b, thunder=thunder_bytes, thunder_ok=thunder_ok,
             torch=saved_tc.activation_bytes, torch_ok=tc_ok, ours=saved_ours.activation_bytes, ours_ok=ours_ok,
-            planned=plan.choice.plan.saved_bytes, flops=plan.choice.plan.recompute_flops,
+            planned=plan.choice.plan.saved_bytes, flops=plan.choice.plan.recompute_cost,
+            torch_flops=torch_flops, at_torch_bytes=at_torch.saved_bytes, at_torch_flops=at_torch.recompute_cost,
+            torch_mm=torch_mm, mm=matmul_flops(plan.choice.plan), at_torch_mm=matmul_flops(at_torch),
         ))
         log.info("  torch.compile %d B, thunder_remat %d B (planned %d B)", rows[-1]["torch"], rows[-1]["ours"],
                  rows[-1]["planned"])
@@ -115,18 +130,22 @@ def table(rows, executor) -> str:
     yn = {True: "yes", False: "NO"}
     lines = [
         "| model | size | budget | Thunder 0.2.6 (no remat) B | torch.compile B | thunder_remat B "
-        "| thunder_remat planned B | thunder_remat est. recompute flops | ours <= torch | grads equal eager "
-        "(Thunder / torch / ours) |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| thunder_remat planned B | recomputed matmul flops: torch / ours | est. recompute, all ops: torch / ours "
+        "| ours <= torch: B / matmul / all ops | ours at torch's bytes: B / matmul / all ops "
+        "| grads equal eager (Thunder / torch / ours) |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         lines.append(
             f"| {r['model']} | {r['size']} | {r['budget']} | {r['thunder']:,} | {r['torch']:,} | {r['ours']:,} "
-            f"| {r['planned']:,} | {r['flops']:.3g} | {yn[r['ours'] <= r['torch']]} "
+            f"| {r['planned']:,} | {r['torch_mm']:.3g} / {r['mm']:.3g} | {r['torch_flops']:.3g} / {r['flops']:.3g} "
+            f"| {yn[r['ours'] <= r['torch']]} / {yn[r['mm'] <= r['torch_mm']]} / {yn[r['flops'] <= r['torch_flops']]} "
+            f"| {r['at_torch_bytes']:,} / {r['at_torch_mm']:.3g} / {r['at_torch_flops']:.3g} "
             f"| {yn[r['thunder_ok']]} / {yn[r['torch_ok']]} / {yn[r['ours_ok']]} |"
         )
     lines.append("")
-    lines.append(f"Activation bytes saved for backward in one real forward; thunder_remat ran with the {executor} executor.")
+    lines.append(f"Activation bytes saved for backward in one real forward; thunder_remat ran with the {executor} executor. "
+                 "Recompute: estimated flops of the forward ops run again in the backward, one rule for both.")
     return "\n".join(lines)
 
 
