@@ -17,10 +17,10 @@ def joint_traces(name="gpt", dropout=0.1, budget=0.0):
 
     original = wg.insert_recomputation
 
-    def spy(trace, recomputed):
-        new = original(trace, recomputed)
+    def spy(trace, recomputed, **kwargs):
+        new, emitted = original(trace, recomputed, **kwargs)
         seen.append((trace, new))
-        return new
+        return new, emitted
 
     wg.insert_recomputation = spy
     try:
@@ -74,12 +74,12 @@ def test_a_rewrite_failing_verification_is_undone(monkeypatch):
 
     original = wg.insert_recomputation
 
-    def drop_first_recomputation(trace, recomputed):
-        new = original(trace, recomputed)
+    def drop_first_recomputation(trace, recomputed, **kwargs):
+        new, emitted = original(trace, recomputed, **kwargs)
         bsyms = list(new.bound_symbols)
         i = next(k for k, b in enumerate(bsyms) if any(p.name.startswith("rc_") for p in b.flat_proxy_outs))
         new.bound_symbols = bsyms[:i] + bsyms[i + 1:]
-        return new
+        return new, emitted
 
     model = build_model("gpt", "tiny", dropout=0.1)
     x = example_batch(model)

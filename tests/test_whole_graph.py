@@ -6,6 +6,7 @@ saved_tensors_hooks in a real forward) fall monotonically with the budget and ne
 plan; matmuls are never recomputed at 1.0; random ops never.
 """
 
+from collections import Counter
 
 import pytest
 import thunder
@@ -240,3 +241,32 @@ def test_a_user_policy_is_respected():
     assert any("softmax" in op for op in recomputed_ops(default))
     reasons = {v.name: v.reason for v in thunder_remat.explain(jm).saved}
     assert "cannot be recomputed: softmax kept" in reasons.values()
+
+
+def test_recompute_window_copies_only_cheap_ops_again_and_keeps_gradients(monkeypatch):
+    import thunder_remat.whole_graph as wg
+
+    original, emitted = wg.insert_recomputation, {}
+
+    def spy(trace, recomputed, **kwargs):
+        new, copies = original(trace, recomputed, **kwargs)
+        emitted[kwargs["window"]] = copies
+        return new, copies
+
+    monkeypatch.setattr(wg, "insert_recomputation", spy)
+    results = {}
+    for window in (30, False):
+        jm, out, grads, _ = train_step("gpt", 0.1, remat=True, remat_memory_budget=0.0, remat_recompute_window=window)
+        results[window] = (thunder_remat.last_save_plan(jm), out, grads)
+    once, windowed = results[False][0], results[30][0]
+    assert once.copies == len(once.choice.plan.recomputed) == len(emitted[None])
+    assert windowed.choice.plan == once.choice.plan
+    assert windowed.copies == len(emitted[30]) > once.copies
+    assert windowed.rewritten_cost > once.rewritten_cost
+    assert "copies made" in windowed.provenance() and "copies made" not in once.provenance()
+    ops = {op.index: op for op in windowed.problem.ops}
+    for i, n in Counter(emitted[30]).items():
+        assert n == 1 or (ops[i].soft_ban is None and ops[i].hard_ban is None), ops[i]
+    assert torch.equal(results[30][1], results[False][1])
+    for g, g0 in zip(results[30][2], results[False][2]):
+        torch.testing.assert_close(g, g0, atol=1e-5, rtol=1e-4)

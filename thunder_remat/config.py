@@ -41,6 +41,9 @@ class RematConfig:
     cost_model: str = "flops"
     #: Which forward ops may be recomputed (see thunder_remat.policies).
     policies: tuple = DEFAULT_POLICIES
+    #: A recomputed pointwise value unread for more than this many backward ops is recomputed again
+    #: where it is next needed instead of kept alive (lower peak, a little more recompute); False: off.
+    recompute_window: Any = 30
     #: Check every rewritten trace with thunder_remat.verify; a rewrite that fails is undone (with a warning).
     verify: bool = True
     #: Under FSDP ZeRO-3, re-gather parameters in the backward instead of saving the gathered ones.
@@ -56,6 +59,11 @@ class RematConfig:
         n = self.fsdp_prefetch
         if isinstance(n, bool) or not isinstance(n, int) or n < 1:
             raise ValueError(f"thunder_remat option 'remat_fsdp_prefetch' must be an int >= 1, got {n!r}")
+        w = self.recompute_window
+        if not (w is False or (type(w) is int and w >= 1)):
+            raise ValueError(
+                f"thunder_remat option 'remat_recompute_window' must be an int >= 1 or False, got {w!r}"
+            )
         parse_budget(self.memory_budget)
         object.__setattr__(self, "policies", check_policies(self.policies))
         d = self.producer_input_discount

@@ -5,7 +5,9 @@ before it, a copy of that op (and, first, of the recomputed ops it depends on), 
 ``BACKWARD`` and writing fresh names (``rc_<name>``); the reader is switched to the copies. The
 forward's own op stays for the forward outputs that need it; when nothing forward needs it,
 Thunder's dead-code elimination drops it, so the value is no longer saved for backward.
-Recomputing at first use keeps each recomputed value alive for as short a time as possible.
+Recomputing at first use keeps each recomputed value alive for as short a time as possible; with
+a reuse window, cheap values whose next use is far away are recomputed again there instead of
+being kept alive in between.
 """
 
 from __future__ import annotations
@@ -19,44 +21,65 @@ from thunder_remat.joint_analysis import is_backward, reads_forward_values
 __all__ = ["insert_recomputation"]
 
 
-def insert_recomputation(trace, recomputed_indices):
-    """A new joint trace in which the backward recomputes the forward bsyms at ``recomputed_indices``."""
+def insert_recomputation(trace, recomputed_indices, *, window: int | None = None, cheap=frozenset()):
+    """A new joint trace in which the backward recomputes the forward bsyms at ``recomputed_indices``.
+
+    Returns the trace and the forward op index of every copy made, in order.
+
+    Each op is copied at the first backward use of its outputs and the copy is reused after that,
+    except with ``window``: a copy of a ``cheap`` op (one the policies do not protect: pointwise,
+    views) left unread for more than ``window`` backward bound symbols is not reused; the op runs
+    again where it is next needed, from copies of its inputs (again recomputing the cheap ones
+    that went stale). The stale copy is then freed after its last read instead of living until the
+    far use, which bounds how much recomputed data a long backward holds. Protected ops (matmuls)
+    are never copied twice.
+    """
     recompute = {i: trace.bound_symbols[i] for i in recomputed_indices}
     if not recompute:
-        return trace
+        return trace, []
     producer_index = {p.name: i for i, b in recompute.items() for p in b.flat_proxy_outs}
     new = from_trace(trace)
     new.bound_symbols = []
-    swap: dict = {}  # variable of a forward value -> its recomputed copy
-    done: set[int] = set()
+    copies: dict[int, list] = {}  # op index -> [swap entries for its outputs, position of last read]
+    emitted: list[int] = []
 
-    def emit(i: int) -> None:
-        if i in done:
-            return
-        done.add(i)
+    def fresh_enough(i: int, entry, pos: int) -> bool:
+        return window is None or i not in cheap or pos - entry[1] <= window
+
+    def emit(i: int, pos: int) -> dict:
+        entry = copies.get(i)
+        if entry is not None and fresh_enough(i, entry, pos):
+            entry[1] = pos
+            return entry[0]
         bsym = recompute[i]
+        swap: dict = {}
         for p in bsym.flat_proxy_args:
             j = producer_index.get(p.name)
             if j is not None and j != i:
-                emit(j)
+                swap.update(emit(j, pos))
         with tracectx(new):
-            for out in bsym.flat_proxy_outs:
-                swap[variableify(out)] = out.replace_name(f"rc_{out.name}", disambiguate=True)
+            outs = {variableify(out): out.replace_name(f"rc_{out.name}", disambiguate=True)
+                    for out in bsym.flat_proxy_outs}
+        swap.update(outs)
         copy = bsym.from_bsym_swap_proxies(swap, skip_inputs=False, skip_output=False, skip_subsymbols=False)
         copy.tags.add(BoundSymbolTag.BACKWARD)
         copy.tags.discard(BoundSymbolTag.RECOMPUTE_IN_BACKWARD)
         new.bound_symbols.append(copy)
+        emitted.append(i)
+        copies[i] = [outs, pos]
+        return outs
 
     for bsym in trace.bound_symbols:
         if is_backward(bsym) and reads_forward_values(bsym):
+            swap: dict = {}
             for p in bsym.flat_proxy_args:
                 j = producer_index.get(p.name)
                 if j is not None:
-                    emit(j)
-            if any(variableify(p) in swap for p in bsym.flat_proxy_args):
+                    swap.update(emit(j, len(new.bound_symbols)))
+            if swap:
                 bsym = bsym.from_bsym_swap_proxies(swap, skip_inputs=False, skip_output=True, skip_subsymbols=False)
         new.bound_symbols.append(bsym)
-    return new
+    return new, emitted
 
 
 def prefetch_regathers(trace, depth: int):

@@ -38,6 +38,10 @@ class SavePassResult:
     rewrite_ms: float = 0.0
     failed: str | None = None
     solver: str = "dp"
+    #: recomputed copies the rewrite made, and their total cost (with a reuse window, cheap ops
+    #: recomputed again for a far use make these exceed the plan's op count and estimate)
+    copies: int = 0
+    rewritten_cost: float = 0.0
 
     def frontier(self) -> Frontier:
         """The Pareto frontier of plans (built now, once, if the budget did not need it)."""
@@ -69,6 +73,9 @@ class SavePassResult:
             f"{len(plan.recomputed)} forward ops recomputed in backward, est. {plan.recompute_cost:.3g} "
             f"{self.problem.cost_unit}"
         )
+        if self.copies > len(plan.recomputed):
+            text += (f"; {self.copies} copies made, {self.copies - len(plan.recomputed)} of them for far uses, "
+                     f"est. {self.rewritten_cost:.3g} {self.problem.cost_unit} in all")
         if not self.choice.feasible:
             text += "; budget infeasible, smallest plan used"
         return text + ")"
@@ -105,7 +112,12 @@ def plan_saved_values(trace, config, *, zero3: bool = False) -> SavePassResult:
         result.choice = choice
         end = time.perf_counter()
         result.solve_ms = (end - mid) * 1e3
-        new = insert_recomputation(trace, choice.plan.recomputed)
+        window = config.recompute_window or None
+        cheap = frozenset(op.index for op in problem.ops if op.soft_ban is None and op.hard_ban is None)
+        new, emitted = insert_recomputation(trace, choice.plan.recomputed, window=window, cheap=cheap)
+        costs = {op.index: op.cost for op in problem.ops}
+        result.copies = len(emitted)
+        result.rewritten_cost = float(sum(costs[i] for i in emitted))
         if regather:
             new = prefetch_regathers(new, config.fsdp_prefetch)
         if config.verify:
