@@ -6,7 +6,9 @@ compiled and warmed up, then one forward+backward step runs under
 freed, and the most bytes alive at once is the step's peak (parameters, their gradients and the
 batch are held before and after the step and are not counted). This works on CPU, where there is
 no ``max_memory_allocated``. Also reported: activation bytes saved for backward
-(saved_tensors_hooks) and the plan's estimated recompute.
+(saved_tensors_hooks), the plan's estimated recompute, and the recomputed copies the rewrite
+made (with ``--window``, stale pointwise copies are recomputed again near far uses; the last
+column is the estimated cost of all copies).
 
 ``--executor none`` (default) runs Thunder's torch executor without a fusion executor, so each
 intermediate is freed right after its last use (Thunder inserts the deletes); the light
@@ -33,6 +35,7 @@ def main(argv=None) -> int:
     p.add_argument("--size", default="small", choices=["tiny", "small", "bench"])
     p.add_argument("--executor", default="none", choices=["none", "eager", "torchcompile"],
                    help="Thunder fusion executor (default: none, Thunder's torch executor only)")
+    p.add_argument("--window", default="30", help="remat_recompute_window: an int >= 1, or 'off' (default: 30)")
     args = p.parse_args(argv)
     warnings.filterwarnings("ignore")
     import thunder
@@ -43,9 +46,13 @@ def main(argv=None) -> int:
     from thunder_remat.models import build_model, example_batch
 
     executors = [] if args.executor == "none" else [fusion_executor_by_name(args.executor)]
-    print("| model | size | executor | budget | step peak B | saved activation B | est. recompute (flops) |")
-    print("|---|---|---|---|---|---|---|")
-    rows = [("Thunder (no remat)", {})] + [(b, {"remat": True, "remat_memory_budget": b}) for b in BUDGETS]
+    window = False if args.window == "off" else int(args.window)
+    print("| model | size | executor | window | budget | step peak B | saved activation B "
+          "| est. recompute, plan (flops) | recomputed copies / plan ops | est. recompute, rewritten (flops) |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    rows = [("Thunder (no remat)", {})] + [
+        (b, {"remat": True, "remat_memory_budget": b, "remat_recompute_window": window}) for b in BUDGETS
+    ]
     for label, options in rows:
         model = build_model(args.model, args.size)
         x = example_batch(model)
@@ -58,9 +65,12 @@ def main(argv=None) -> int:
         held = [x, *model.parameters(), *(q.grad for q in model.parameters() if q.grad is not None)]
         peak = step_peak_memory(lambda: jm(x).float().pow(2).mean().backward(), held).peak_bytes
         plan = thunder_remat.last_save_plan(jm)
-        cost = f"{plan.choice.plan.recompute_cost:.3g}" if plan is not None and plan.choice else "-"
-        print(f"| {args.model} | {args.size} | {args.executor} | {label} | {peak:,} | {saved.activation_bytes:,} "
-              f"| {cost} |", flush=True)
+        cost = copies = rewritten = "-"
+        if plan is not None and plan.choice:
+            cost, rewritten = f"{plan.choice.plan.recompute_cost:.3g}", f"{plan.rewritten_cost:.3g}"
+            copies = f"{plan.copies} / {len(plan.choice.plan.recomputed)}"
+        print(f"| {args.model} | {args.size} | {args.executor} | {args.window if options else '-'} | {label} "
+              f"| {peak:,} | {saved.activation_bytes:,} | {cost} | {copies} | {rewritten} |", flush=True)
     return 0
 
 
