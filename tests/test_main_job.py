@@ -37,3 +37,13 @@ def test_main_job_rejects_bad_budget(capsys):
     with pytest.raises(SystemExit):
         main(["--budget", "lots"])
     assert "remat_memory_budget" in capsys.readouterr().err
+
+
+def test_main_job_with_measured_costs(capsys, tmp_path):
+    out_dir = tmp_path / "measured"
+    assert main(["--model", "mlp", "--size", "tiny", "--budget", "0.5", "--cost-model", "measured",
+                 "--output-dir", str(out_dir)]) == 0
+    assert "est. recompute (us)" in capsys.readouterr().out
+    report = json.loads((out_dir / "report.json").read_text())
+    assert report["recompute_unit"] == "us"
+    assert {p["unit"] for p in json.loads((out_dir / "sweep.json").read_text())} == {"us"}

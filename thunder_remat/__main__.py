@@ -39,6 +39,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--dropout", type=float, default=0.0, help="dropout probability for gpt (default: 0)")
     p.add_argument("--budget", default="1.0", type=_budget,
                    help="remat_memory_budget: a fraction in [0, 1], or bytes such as 2MiB (default: 1.0)")
+    p.add_argument("--cost-model", choices=["flops", "measured"], default="flops",
+                   help="remat_cost_model: estimate recompute from shapes, or time each op on the device "
+                        "(default: flops)")
     p.add_argument("--output-dir", default="thunder_remat_out",
                    help="folder for the report, plot, drawing and traces (default: thunder_remat_out)")
     p.add_argument("-v", "--verbose", action="store_true", help="log what the pass does")
@@ -135,7 +138,7 @@ def main(argv=None) -> int:
     print("  [1/3] compiling and running without thunder_remat (Thunder's built-in pass) ...", file=sys.stderr)
     before = measure(args, executor)
     print(f"  [2/3] compiling and running with thunder_remat (budget {args.budget}) ...", file=sys.stderr)
-    after = measure(args, executor, remat=True, remat_memory_budget=args.budget)
+    after = measure(args, executor, remat=True, remat_memory_budget=args.budget, remat_cost_model=args.cost_model)
 
     same = all(torch.allclose(a, b, atol=1e-5, rtol=1e-4) for a, b in zip(before["grads"], after["grads"]))
     pairs, plan = after["pairs"], after["plan"]
