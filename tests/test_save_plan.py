@@ -158,3 +158,26 @@ def test_frontier_plans_are_valid_and_budgets_are_monotone(seed, solver):
         assert choice.feasible and choice.plan.saved_bytes <= choice.target_bytes
         assert choice.plan.saved_bytes <= last_bytes and choice.plan.recompute_cost >= last_flops
         last_bytes, last_flops = choice.plan.saved_bytes, choice.plan.recompute_cost
+
+
+def test_priced_plans_find_cheaper_recompute_than_knapsack_plans_alone(monkeypatch):
+    """With the priced min cuts switched off (no prices), some byte budgets get plans with more
+    recompute; with them, never more, and every priced plan is valid."""
+    import thunder_remat.save_plan as sp
+
+    improved = 0
+    for seed in range(30):
+        p = random_problem(random.Random(seed))
+        with_prices = build_frontier(p, "dp")
+        monkeypatch.setattr(sp, "recompute_prices", lambda problem: [])
+        without = build_frontier(p, "dp")
+        monkeypatch.undo()
+        for plan in with_prices.plans:
+            assert valid(p, plan)
+        targets = sorted({plan.saved_bytes for plan in with_prices.plans + without.plans})
+        for t in targets:
+            a = choose_plan(with_prices, ("bytes", t)).plan.recompute_cost
+            b = choose_plan(without, ("bytes", t)).plan.recompute_cost
+            assert a <= b
+            improved += a < b
+    assert improved > 0
