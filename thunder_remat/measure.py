@@ -119,7 +119,11 @@ def step_peak_memory(step, held=()) -> StepMemory:
 
     Pass the tensors that outlive the step (parameters, their gradients, the batch) as ``held``
     so that views of them are not counted. Unlike a device allocator's statistics this counts
-    tensor storage only (no allocator caching or fragmentation) and works on CPU.
+    tensor storage only (no allocator caching or fragmentation) and works on CPU. It sees what
+    runs op by op through the dispatcher: a fused region keeps its intermediates alive as locals
+    until it returns, and torch.compile'd code does not run as compiled under a dispatch mode,
+    so measure steps without a fusion executor (``executors=[]``), or use
+    ``torch.cuda.max_memory_allocated`` on a GPU.
     """
     mode = _LiveTensorBytes(held)
     with mode:
