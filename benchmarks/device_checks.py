@@ -5,7 +5,9 @@ measure one training step: the step's peak from ``step_peak_memory`` (tensor sto
 CUDA, from ``torch.cuda.max_memory_allocated`` (allocator, relative to the memory allocated
 before the step); saved activation bytes; the step time (median of 5, synchronized). Then once
 with ``remat_cost_model="measured"`` at budget 0.5, which times every distinct forward op on the
-device (CUDA events). Also runs on CPU (no allocator column), which is how it was tested.
+device (CUDA events). Also runs on CPU (no allocator column), which is how it was tested. The
+tensor column counts only what runs op by op (see ``step_peak_memory``): with a fusion executor
+read the allocator column.
 
 Usage (about 2 minutes on a GPU for the 6-layer GPT with torch.compile)::
 
