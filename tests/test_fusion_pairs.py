@@ -69,6 +69,32 @@ def test_pointwise_chain_feeding_matmul():
     check_golden("chain_into_matmul", before, after)
 
 
+def test_a_user_policy_also_holds_in_the_pair_pass():
+    from dataclasses import dataclass
+
+    from thunder_remat import DEFAULT_POLICIES
+    from thunder_remat.policies import Verdict
+
+    @dataclass(frozen=True)
+    class KeepExp:
+        def judge(self, op):
+            return Verdict("hard", "user keeps exp") if op.op == "exp" else None
+
+    def recomputed_ops(policies):
+        r = run(chain_into_matmul, x_w(), executors=[eager_fusion_ex], remat=True, remat_whole_graph=False,
+                remat_policies=policies)
+        names = {n for record in last_pairs(r.jitted).pairs for n in record.recomputed}
+        forward = thunder.last_traces(r.jitted)[-1]
+        ops = {p.name: s.sym.name for b in forward.bound_symbols if b.sym.is_fusion for s in b.subsymbols
+               for p in s.flat_proxy_outs}
+        return r, {ops.get(n, "?") for n in names}
+
+    default_run, default_ops = recomputed_ops(DEFAULT_POLICIES)
+    kept_run, kept_ops = recomputed_ops(DEFAULT_POLICIES + (KeepExp(),))
+    assert "exp" in default_ops and "exp" not in kept_ops
+    assert_same_numbers(default_run, kept_run)
+
+
 def chain_with_dropout(x, w):
     a = torch.nn.functional.dropout(torch.sin(x) * 2, p=0.5, training=True)
     return torch.exp(a) @ w

@@ -157,6 +157,7 @@ def rematerialize_fusion_pairs(
                 same_executor=same,
                 producer_input_discount=config.producer_input_discount,
                 tags_of=tags_of,
+                policies=config.policies,
             )
             pair_network, cut, plan = solve_pair(problem)
             rewritten = rewrite_pair(producer, consumer, plan, external_outputs=external, pinned=problem.pinned)

@@ -13,6 +13,7 @@ from thunder.core.prims import OpTags
 
 from thunder_remat.cost import value_bytes
 from thunder_remat.joint_analysis import collective_name
+from thunder_remat.policies import OpFacts, judge_op
 
 __all__ = ["PairProblem", "build_pair_problem", "KEEP_IN_PRODUCER_TAGS", "TagCache"]
 
@@ -81,6 +82,7 @@ def build_pair_problem(
     same_executor: bool,
     producer_input_discount: float,
     tags_of: Callable[[object], set] | None = None,
+    policies: tuple = (),
 ) -> PairProblem:
     """Describe the pair ``producer -> consumer`` (two fusion bound symbols) as plain data."""
     names: list[str] = []
@@ -105,7 +107,7 @@ def build_pair_problem(
             add(proxy)
         ins = tuple(dict.fromkeys(p.name for p in bsym.flat_proxy_args if p.name in seen))
         ops.append((ins, tuple(p.name for p in outs)))
-        reason = _keep_in_producer_reason(bsym, tags_of or TagCache())
+        reason = _keep_in_producer_reason(bsym, tags_of or TagCache(), policies)
         if reason is None and not same_executor and not consumer_can_fuse(bsym):
             reason = "consumer's executor cannot fuse it"
         if reason is not None:
@@ -136,7 +138,7 @@ def build_pair_problem(
     )
 
 
-def _keep_in_producer_reason(bsym, tags_of) -> str | None:
+def _keep_in_producer_reason(bsym, tags_of, policies=()) -> str | None:
     # Collectives carry no tags under the torch executor's names; the same name rule as the
     # whole-graph pass keeps a consumer from issuing one again.
     if collective_name(bsym) is not None:
@@ -145,4 +147,15 @@ def _keep_in_producer_reason(bsym, tags_of) -> str | None:
     for tag, reason in KEEP_IN_PRODUCER_TAGS.items():
         if tag in tags:
             return reason
+    # The whole-graph pass's policies (a user's included) hold here too: an op they would rather
+    # save, hard or soft, is not recomputed by a consumer region either.
+    if policies:
+        facts = OpFacts(
+            op=bsym.sym.name,
+            tags=frozenset(getattr(t, "name", str(t)) for t in tags),
+            output_bytes=sum(value_bytes(p) for p in bsym.flat_proxy_outs),
+            input_bytes=sum(value_bytes(p) for p in bsym.flat_proxy_args),
+        )
+        judgement = judge_op(facts, policies)
+        return judgement.hard or judgement.soft
     return None
