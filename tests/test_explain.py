@@ -1,6 +1,7 @@
 """explain(): report totals equal what a real forward saves; every saved value has a reason; draw()."""
 
 import json
+import re
 
 import pytest
 import thunder
@@ -55,6 +56,25 @@ def test_draw_whole_graph_marks_the_cut(tmp_path):
     for name in saved_activations:
         assert f'label="{name}:in"' in dot and f'label="{name}:out"' in dot
     assert "source" in dot and "sink" in dot and 'label="inf"' in dot
+
+
+def test_draw_shows_the_chosen_plan_even_when_it_was_priced():
+    from thunder_remat.save_plan import build_save_network, plan_from_cut
+    from thunder_remat.solvers.maxflow import min_cut
+
+    jm, _ = jit_and_run("gpt", remat_memory_budget=0.1)
+    result = thunder_remat.last_save_plan(jm)
+    plan = result.choice.plan
+    assert plan.price > 0  # at 0.1 the tiny GPT's best plan comes from a priced cut
+    net = build_save_network(result.problem, plan.kept_bans, plan.price)
+    assert plan_from_cut(result.problem, net, min_cut(net.network), plan.kept_bans, plan.price) == plan
+    dot = thunder_remat.draw(jm)
+    labels = dict(re.findall(r'^  (n\d+) \[label="([^"]*)"', dot, re.M))
+    red = re.findall(r'^  (n\d+) -> (n\d+) \[[^\]]*color="red"', dot, re.M)
+    saved_in_drawing = {labels[u][: -len(":in")] for u, v in red
+                        if labels[u].endswith(":in") and labels[v] == labels[u][: -len(":in")] + ":out"}
+    assert saved_in_drawing == set(plan.saved)
+    assert "x recompute" in dot
 
 
 def test_draw_a_fusion_pair():

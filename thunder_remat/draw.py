@@ -24,10 +24,10 @@ def _quote(text: str) -> str:
     return '"' + str(text).replace("\\", "\\\\").replace('"', '\\"') + '"'
 
 
-def to_dot(network: FlowNetwork, labels, cut: CutResult, title: str = "min cut") -> str:
+def to_dot(network: FlowNetwork, labels, cut: CutResult, title: str = "min cut", unit: str = "B") -> str:
     """DOT text for ``network`` with ``cut`` highlighted; ``labels[i]`` names node ``i``."""
     cut_edges = set(cut.cut_edges)
-    lines = [f"digraph {_quote(title)} {{", "  rankdir=LR;", f"  label={_quote(f'{title}: cut {cut.value:g} B')};"]
+    lines = [f"digraph {_quote(title)} {{", "  rankdir=LR;", f"  label={_quote(f'{title}: cut {cut.value:g} {unit}')};"]
     for i, label in enumerate(labels):
         style = ', style=filled, fillcolor="lightblue"' if i in cut.source_side else ""
         shape = "doublecircle" if i in (network.source, network.sink) else "box"
@@ -51,9 +51,11 @@ def _whole_graph_dot(jitted) -> str:
     if result is None or result.choice is None:
         raise ValueError("draw: no whole-graph plan; jit with remat=True (remat_whole_graph=True) and call it once")
     plan = result.choice.plan
-    net = build_save_network(result.problem, plan.kept_bans)
+    # the plan's own network: its kept soft bans and the recompute price it was solved with
+    net = build_save_network(result.problem, plan.kept_bans, plan.price)
     labels = [lab if isinstance(lab, str) else f"{lab[0]}:{lab[1]}" for lab in net.labels]
-    return to_dot(net.network, labels, min_cut(net.network), "whole-graph saved-for-backward cut")
+    unit = "B" if plan.price == 0 else f"(B + {plan.price:.3g} x recompute {result.problem.cost_unit})"
+    return to_dot(net.network, labels, min_cut(net.network), "whole-graph saved-for-backward cut", unit)
 
 
 def _pair_dot(jitted, pair) -> str:
