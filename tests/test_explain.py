@@ -77,6 +77,17 @@ def test_draw_shows_the_chosen_plan_even_when_it_was_priced():
     assert "x recompute" in dot
 
 
+
+def test_values_a_priced_plan_keeps_are_explained_by_its_price():
+    jm, _ = jit_and_run("gpt", remat_memory_budget=0.8)  # the tiny GPT's plan at 0.8 is a priced cut
+    result = thunder_remat.last_save_plan(jm)
+    assert result.choice.plan.price > 0
+    producer = result.problem.producer_of()
+    report = thunder_remat.explain(jm)
+    soft = [v for v in report.saved if v.name in producer and producer[v.name].soft_ban and not producer[v.name].hard_ban]
+    assert soft and all("at the plan's price" in v.reason for v in soft)
+
+
 def test_draw_a_fusion_pair():
     ex = make_eager_executor("remat_eager_draw", exclude=("torch.matmul", "linear", thunder.prims.PrimIDs.LINEAR,
                                                           thunder.prims.PrimIDs.MATMUL, "torch.nn.functional.linear"))

@@ -108,6 +108,9 @@ def _reason(name, problem, plan, producer, is_input) -> str:
         return f"cannot be recomputed: {op.hard_ban}"
     if op.index in plan.kept_bans and op.soft_ban:
         return f"policy keeps it: {op.soft_ban}"
+    if op.soft_ban and plan.price > 0:
+        return (f"budget: cheaper to save than to recompute at the plan's price of {plan.price:.3g} B per "
+                f"{problem.cost_unit} ({op.soft_ban})")
     if op.soft_ban:
         return f"budget: {op.soft_ban} kept as the knapsack chose"
     blocked = [
