@@ -21,6 +21,8 @@ MODES = {
     "zero3+remat, budget 0.0, prefetch 2": ("ZERO3", {"remat": True, "remat_memory_budget": 0.0,
                                                       "remat_fsdp_prefetch": 2}, None),
     "zero3+remat, budget 0.0": ("ZERO3", {"remat": True, "remat_memory_budget": 0.0}, None),
+    "zero3+remat, budget 0.0, window 1": ("ZERO3", {"remat": True, "remat_memory_budget": 0.0,
+                                                    "remat_recompute_window": 1}, None),
     "ddp": ("DDP", {}, None),
     "ddp+remat": ("DDP", {"remat": True}, None),
 }

@@ -61,6 +61,14 @@ def test_in_flight_regathers_are_bounded_by_the_option(results):
         assert two["grads_ok"] and two["saved_gathered_params"] == []
 
 
+def test_the_recompute_window_never_issues_a_regather_twice(results):
+    for rank in results:
+        tight, default = rank["zero3+remat, budget 0.0, window 1"], rank["zero3+remat, budget 0.0"]
+        assert tight["grads_ok"] and tight["saved_gathered_params"] == []
+        assert tight["backward_all_gathers"] == default["backward_all_gathers"]
+        assert tight["backward_max_in_flight"] == 1
+
+
 def test_ddp_collectives_are_left_unchanged(results):
     for rank in results:
         plain, ours = rank["ddp"], rank["ddp+remat"]

@@ -12,7 +12,7 @@ import time
 import warnings
 from dataclasses import dataclass
 
-from thunder_remat.joint_analysis import build_save_problem
+from thunder_remat.joint_analysis import build_save_problem, collective_name
 from thunder_remat.recompute_rewrite import insert_recomputation, prefetch_regathers
 from thunder_remat.save_plan import BudgetChoice, Frontier, build_frontier, choose_fastest, choose_plan, is_fastest_budget
 from thunder_remat.save_problem import SaveProblem, with_measured_costs
@@ -113,7 +113,9 @@ def plan_saved_values(trace, config, *, zero3: bool = False) -> SavePassResult:
         end = time.perf_counter()
         result.solve_ms = (end - mid) * 1e3
         window = config.recompute_window or None
-        cheap = frozenset(op.index for op in problem.ops if op.soft_ban is None and op.hard_ban is None)
+        # Re-gathers (FSDP ZeRO-3) are recomputed by rule but are collectives: never issued twice.
+        cheap = frozenset(op.index for op in problem.ops if op.soft_ban is None and op.hard_ban is None
+                          and collective_name(trace.bound_symbols[op.index]) is None)
         new, emitted = insert_recomputation(trace, choice.plan.recomputed, window=window, cheap=cheap)
         costs = {op.index: op.cost for op in problem.ops}
         result.copies = len(emitted)
