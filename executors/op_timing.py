@@ -29,6 +29,8 @@ from thunder.core.trace import TraceCtx, tracectx
 from thunder.executors.passes import transform_for_execution
 from thunder.executors.torchex import ex as torch_ex
 
+from thunder_remat.cost import dim_size
+
 __all__ = ["time_ops", "op_signature", "clear_timing_cache"]
 
 log = logging.getLogger(__name__)
@@ -43,9 +45,13 @@ def clear_timing_cache() -> None:
     _CACHE.clear()
 
 
+def _shape(proxy) -> tuple[int, ...]:
+    return tuple(dim_size(d) for d in proxy.shape)
+
+
 def _describe(arg) -> str:
     if isinstance(arg, TensorProxy):
-        return f"T{tuple(int(getattr(d, 'value', d)) for d in arg.shape)}:{arg.dtype}:{arg.device}"
+        return f"T{_shape(arg)}:{arg.dtype}:{arg.device}"
     if isinstance(arg, NumberProxy):
         return f"N{arg.value!r}"
     return repr(arg)
@@ -73,7 +79,7 @@ def _example(proxy):
     if isinstance(proxy, NumberProxy):
         return proxy.value
     dtype, device = to_torch_dtype(proxy.dtype), to_torch_device(proxy.device)
-    shape = tuple(int(getattr(d, "value", d)) for d in proxy.shape)
+    shape = _shape(proxy)
     if dtype.is_floating_point or dtype.is_complex:
         return torch.rand(shape, dtype=dtype, device=device)  # in [0, 1): no log/sqrt of negatives
     return torch.zeros(shape, dtype=dtype, device=device)  # valid indices for gathers and embeddings

@@ -105,24 +105,24 @@ def verify(before, after, *, saved=None, saved_bytes=None, replayed=(), raise_on
             problems.append(f"{op} runs {n} times, {was.get(op, 0)} before: random, in-place or collective ops "
                             "must not be duplicated")
 
+    # forward values by name, for both checks of what the backward reads
+    forward_values = {p.name: p for b in after.bound_symbols if not is_backward(b) for p in b.flat_proxy_outs}
     if saved_bytes is not None:
         _, _, inputs = split_joint(after)
-        proxies = {p.name: p for b in after.bound_symbols if not is_backward(b) for p in b.flat_proxy_outs}
         read = {
             name
             for b in after.bound_symbols
             if is_backward(b) and reads_forward_values(b)
             for name in _names((b.args, b.kwargs))
-            if name in proxies and name not in inputs
+            if name in forward_values and name not in inputs
         }
-        total = sum(value_bytes(proxies[n]) for n in read)
+        total = sum(value_bytes(forward_values[n]) for n in read)
         if total != saved_bytes:
             problems.append(f"the backward reads {total} B of forward activations, the plan says {saved_bytes} B")
 
     if saved is not None:
         allowed = set(saved)
         produced_in_backward: set[str] = set()
-        forward_values = {n for b in after.bound_symbols if not is_backward(b) for n in _names(b.output)}
         for bsym in after.bound_symbols:
             if not is_backward(bsym):
                 continue

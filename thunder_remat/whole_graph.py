@@ -38,10 +38,19 @@ class SavePassResult:
     rewrite_ms: float = 0.0
     failed: str | None = None
     solver: str = "dp"
-    #: recomputed copies the rewrite made, and their total cost (with a reuse window, cheap ops
-    #: recomputed again for a far use make these exceed the plan's op count and estimate)
-    copies: int = 0
-    rewritten_cost: float = 0.0
+    #: the forward op of every recomputed copy the rewrite made, in order (with a reuse window, cheap
+    #: ops recomputed again for a far use appear more than once)
+    copied_ops: tuple[int, ...] = ()
+
+    @property
+    def copies(self) -> int:
+        return len(self.copied_ops)
+
+    @property
+    def rewritten_cost(self) -> float:
+        """Estimated cost of every copy made (the plan's estimate counts each op once)."""
+        costs = {op.index: op.cost for op in self.problem.ops} if self.problem else {}
+        return float(sum(costs[i] for i in self.copied_ops))
 
     def frontier(self) -> Frontier:
         """The Pareto frontier of plans (built now, once, if the budget did not need it)."""
@@ -117,9 +126,7 @@ def plan_saved_values(trace, config, *, zero3: bool = False) -> SavePassResult:
         cheap = frozenset(op.index for op in problem.ops if op.soft_ban is None and op.hard_ban is None
                           and collective_name(trace.bound_symbols[op.index]) is None)
         new, emitted = insert_recomputation(trace, choice.plan.recomputed, window=window, cheap=cheap)
-        costs = {op.index: op.cost for op in problem.ops}
-        result.copies = len(emitted)
-        result.rewritten_cost = float(sum(costs[i] for i in emitted))
+        result.copied_ops = tuple(emitted)
         if regather:
             new = prefetch_regathers(new, config.fsdp_prefetch)
         if config.verify:
