@@ -3,7 +3,8 @@
 For each model and each budget b:
 
 * torch.compile (Inductor) with ``torch._functorch.config.activation_memory_budget = b``;
-* ``thunder.jit(model, executors=[ex], remat=True, remat_memory_budget=b)``;
+* ``thunder.jit(model, executors=[ex], remat=True, remat_memory_budget=b)`` (on CUDA with Thunder's sdpa
+  executor before ``ex``);
 * and once, Thunder 0.2.6 without thunder_remat.
 
 Each runs one forward under ``thunder_remat.measure.saved_for_backward`` (saved_tensors_hooks); the
@@ -38,7 +39,8 @@ ATOL, RTOL = 1e-5, 1e-4
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--models", default="mlp,gpt,llama", help="comma list of mlp, gpt, llama (default: all)")
-    p.add_argument("--size", default="tiny", choices=["tiny", "small", "bench"])
+    p.add_argument("--size", default="tiny", choices=["tiny", "small", "bench", "medium"])
+    p.add_argument("--device", default="cpu", help="torch device for every run (default: cpu)")
     p.add_argument("--executor", default="eager", choices=["eager", "torchcompile"],
                    help="Thunder fusion executor for the thunder_remat runs (default: eager)")
     p.add_argument("--budgets", default=",".join(map(str, BUDGETS)), help="comma list of fractions")
@@ -69,7 +71,7 @@ def _grads_ok(model, out, ref) -> bool:
     return ok
 
 
-def bench(name, size, executor, budgets):
+def bench(name, size, executor, budgets, device="cpu"):
     import thunder
     import torch
     import torch._functorch.config as functorch_config
@@ -82,14 +84,16 @@ def bench(name, size, executor, budgets):
 
     from torch_partition import capture_partitions, is_matmul_like
 
-    model = build_model(name, size)
-    x = example_batch(model)
+    model = build_model(name, size).to(device)
+    x = example_batch(model).to(device)
     model(x).float().pow(2).mean().backward()
     ref = {n: p.grad.detach().clone() for n, p in model.named_parameters()}
     model.zero_grad(set_to_none=True)
-    ex = fusion_executor_by_name(executor)
+    ex = [fusion_executor_by_name(executor)]
+    if str(device).startswith("cuda"):
+        ex = [thunder.get_executor("sdpa"), *ex]  # attention as Thunder's GPU defaults run it
 
-    jm = thunder.jit(model, executors=[ex])
+    jm = thunder.jit(model, executors=ex)
     out, saved = saved_for_backward(jm, x)
     thunder_bytes = saved.activation_bytes
     thunder_ok = _grads_ok(model, out, ref)
@@ -105,7 +109,7 @@ def bench(name, size, executor, budgets):
         torch_flops = sum(p.recompute_flops() for p in partitions)
         torch_mm = sum(p.recompute_matmul_flops() for p in partitions)
         log.info("  %.1f s; thunder_remat", time.perf_counter() - start)
-        jm = thunder.jit(model, executors=[ex], remat=True, remat_memory_budget=b)
+        jm = thunder.jit(model, executors=ex, remat=True, remat_memory_budget=b)
         out, saved_ours = saved_for_backward(jm, x)
         ours_ok = _grads_ok(model, out, ref)
         plan = thunder_remat.last_save_plan(jm)
@@ -126,7 +130,7 @@ def bench(name, size, executor, budgets):
     return rows
 
 
-def table(rows, executor) -> str:
+def table(rows, executor, device="cpu") -> str:
     yn = {True: "yes", False: "NO"}
     lines = [
         "| model | size | budget | Thunder 0.2.6 (no remat) B | torch.compile B | thunder_remat B "
@@ -144,7 +148,7 @@ def table(rows, executor) -> str:
             f"| {yn[r['thunder_ok']]} / {yn[r['torch_ok']]} / {yn[r['ours_ok']]} |"
         )
     lines.append("")
-    lines.append(f"Activation bytes saved for backward in one real forward; thunder_remat ran with the {executor} executor. "
+    lines.append(f"Activation bytes saved for backward in one real forward; thunder_remat ran with the {executor} executor on {device}. "
                  "Recompute: estimated flops of the forward ops run again in the backward, one rule for both.")
     return "\n".join(lines)
 
@@ -155,8 +159,8 @@ def main(argv=None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S", stream=sys.stderr)
     rows = []
     for name in args.models:
-        rows += bench(name, args.size, args.executor, args.budgets)
-    text = table(rows, args.executor)
+        rows += bench(name, args.size, args.executor, args.budgets, args.device)
+    text = table(rows, args.executor, args.device)
     print(text)
     if args.output:
         with open(args.output, "w") as f:

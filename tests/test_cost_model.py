@@ -108,3 +108,23 @@ def test_unmeasured_ops_are_priced_at_the_median_rate():
     out = with_measured_costs(problem, {0: 10.0, 1: 40.0})  # 0.1 and 0.2 us per flop: median 0.15
     assert out.cost_unit == "us" and problem.cost_unit == "flops"
     assert [op.cost for op in out.ops] == [10.0, 40.0, pytest.approx(7.5), 0.0]
+
+
+def test_attention_of_the_cuda_sdpa_executor_is_priced_as_attention():
+    """On CUDA Thunder's sdpa executor replaces attention by its own forward op; same price."""
+    from types import SimpleNamespace
+
+    from thunder.core.proxies import TensorProxy
+    from thunder.core.trace import TraceCtx, tracectx
+
+    from thunder_remat.cost import op_flops
+
+    with tracectx(TraceCtx()):
+        q, k, v = (TensorProxy(shape=(2, 4, 16, 8), device=thunder.devices.cpu, dtype=thunder.dtypes.float32)
+                   for _ in range(3))
+        out = TensorProxy(like=q)
+    expected = 4.0 * 2 * 4 * 16 * 8 * 16
+    for name in ("scaled_dot_product_attention", "sdpaex_grad_forward_scaled_dot_product_efficient_attention",
+                 "sdpafx_grad_forward_scaled_dot_product_flash_attention"):
+        bsym = SimpleNamespace(sym=SimpleNamespace(name=name), flat_proxy_args=[q, k, v], flat_proxy_outs=[out])
+        assert op_flops(bsym, set()) == expected, name
