@@ -256,7 +256,8 @@ def test_recompute_window_copies_only_cheap_ops_again_and_keeps_gradients(monkey
     monkeypatch.setattr(wg, "insert_recomputation", spy)
     results = {}
     for window in (30, False):
-        jm, out, grads, _ = train_step("gpt", 0.1, remat=True, remat_memory_budget=0.0, remat_recompute_window=window)
+        jm, out, grads, _ = train_step("gpt", 0.1, remat=True, remat_memory_budget=0.0, remat_recompute_window=window,
+                                       remat_checkpoint_budget=False)
         results[window] = (thunder_remat.last_save_plan(jm), out, grads)
     once, windowed = results[False][0], results[30][0]
     assert once.copies == len(once.choice.plan.recomputed) == len(emitted[None])
@@ -270,3 +271,39 @@ def test_recompute_window_copies_only_cheap_ops_again_and_keeps_gradients(monkey
     assert torch.equal(results[30][1], results[False][1])
     for g, g0 in zip(results[30][2], results[False][2]):
         torch.testing.assert_close(g, g0, atol=1e-5, rtol=1e-4)
+
+
+def test_below_the_checkpoint_budget_the_backward_recomputes_from_checkpoints(monkeypatch):
+    """Budget 0.0 with checkpoints from the 0.1 plan: those ops are copied once and held, other
+    protected ops (matmuls) at most twice (for the checkpoints, then near their use); same numbers."""
+    import thunder_remat.whole_graph as wg
+
+    original, emitted = wg.insert_recomputation, []
+
+    def spy(trace, recomputed, **kwargs):
+        new, copies = original(trace, recomputed, **kwargs)
+        emitted.append(copies)
+        return new, copies
+
+    monkeypatch.setattr(wg, "insert_recomputation", spy)
+    base = train_step("gpt", 0.1)
+    jm, out, grads, saved = train_step("gpt", 0.1, remat=True, remat_memory_budget=0.0)
+    result = thunder_remat.last_save_plan(jm)
+    jm_plan = result.choice.plan
+    anchor = wg.choose_plan(result.frontier(), ("fraction", 0.1)).plan
+    held = set(anchor.saved) - set(jm_plan.saved)
+    ops = {op.index: op for op in result.problem.ops}
+    assert result.checkpoint_ops == tuple(sorted(i for i in jm_plan.recomputed if held & set(ops[i].outputs)))
+    assert result.checkpoint_ops and "checkpoint ops" in result.provenance()
+    counts = Counter(emitted[-1])
+    assert all(counts[i] == 1 for i in result.checkpoint_ops)
+    protected = [i for i in jm_plan.recomputed if ops[i].soft_ban is not None]
+    assert all(counts[i] <= 2 for i in protected) and any(counts[i] == 2 for i in protected)
+    assert saved.activation_bytes <= jm_plan.saved_bytes  # the forward is the same plan's
+    torch.testing.assert_close(out, base[1], atol=0, rtol=0)
+    for g, g0 in zip(grads, base[2]):
+        torch.testing.assert_close(g, g0, atol=1e-5, rtol=1e-4)
+    # At the checkpoint budget itself, and with the option off, there are none.
+    for options in ({"remat_memory_budget": 0.1}, {"remat_memory_budget": 0.0, "remat_checkpoint_budget": False}):
+        jm = train_step("gpt", 0.1, remat=True, **options)[0]
+        assert thunder_remat.last_save_plan(jm).checkpoint_ops == ()

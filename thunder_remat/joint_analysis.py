@@ -170,6 +170,7 @@ def build_save_problem(trace, policies, *, regather_params: bool = False) -> Sav
                 soft_ban=judgement.soft,
                 force_recompute=judgement.recompute,
                 source=_source(bsym),
+                collective=collective_name(bsym) is not None,
             )
         )
 

@@ -21,7 +21,8 @@ from thunder_remat.joint_analysis import is_backward, reads_forward_values
 __all__ = ["insert_recomputation"]
 
 
-def insert_recomputation(trace, recomputed_indices, *, window: int | None = None, cheap=frozenset()):
+def insert_recomputation(trace, recomputed_indices, *, window: int | None = None, cheap=frozenset(),
+                         checkpoints=frozenset(), segments=frozenset()):
     """A new joint trace in which the backward recomputes the forward bsyms at ``recomputed_indices``.
 
     Returns the trace and the forward op index of every copy made, in order.
@@ -31,8 +32,12 @@ def insert_recomputation(trace, recomputed_indices, *, window: int | None = None
     views) left unread for more than ``window`` backward bound symbols is not reused; the op runs
     again where it is next needed, from copies of its inputs (again recomputing the cheap ones
     that went stale). The stale copy is then freed after its last read instead of living until the
-    far use, which bounds how much recomputed data a long backward holds. Protected ops (matmuls)
-    are never copied twice.
+    far use, which bounds how much recomputed data a long backward holds. Other ops (matmuls) are
+    copied once, except ``segments`` ops: a stale copy of one made only to compute a
+    ``checkpoints`` op (whose copies are always reused) is made again near its next use, and that
+    copy is kept. So the backward first recomputes the checkpoints, holding only them, then each
+    segment from its checkpoints where it is needed (checkpointing, at most two copies per op
+    that is not cheap).
     """
     recompute = {i: trace.bound_symbols[i] for i in recomputed_indices}
     if not recompute:
@@ -40,23 +45,27 @@ def insert_recomputation(trace, recomputed_indices, *, window: int | None = None
     producer_index = {p.name: i for i, b in recompute.items() for p in b.flat_proxy_outs}
     new = from_trace(trace)
     new.bound_symbols = []
-    copies: dict[int, list] = {}  # op index -> [swap entries for its outputs, position of last read]
+    # op index -> [swap entries for its outputs, position of last read, made to build a checkpoint]
+    copies: dict[int, list] = {}
     emitted: list[int] = []
 
     def fresh_enough(i: int, entry, pos: int) -> bool:
-        return window is None or i not in cheap or pos - entry[1] <= window
+        if window is None or pos - entry[1] <= window:
+            return True
+        return i not in cheap and not (i in segments and entry[2])
 
-    def emit(i: int, pos: int) -> dict:
+    def emit(i: int, pos: int, for_checkpoint: bool = False) -> dict:
         entry = copies.get(i)
         if entry is not None and fresh_enough(i, entry, pos):
             entry[1] = pos
             return entry[0]
         bsym = recompute[i]
         swap: dict = {}
+        under = for_checkpoint or i in checkpoints
         for p in bsym.flat_proxy_args:
             j = producer_index.get(p.name)
             if j is not None and j != i:
-                swap.update(emit(j, pos))
+                swap.update(emit(j, pos, under))
         with tracectx(new):
             outs = {variableify(out): out.replace_name(f"rc_{out.name}", disambiguate=True)
                     for out in bsym.flat_proxy_outs}
@@ -66,7 +75,7 @@ def insert_recomputation(trace, recomputed_indices, *, window: int | None = None
         copy.tags.discard(BoundSymbolTag.RECOMPUTE_IN_BACKWARD)
         new.bound_symbols.append(copy)
         emitted.append(i)
-        copies[i] = [outs, pos]
+        copies[i] = [outs, pos, for_checkpoint]
         return outs
 
     for bsym in trace.bound_symbols:

@@ -45,6 +45,8 @@ class ForwardOp:
     soft_ban: str | None = None
     force_recompute: bool = False
     source: str = ""
+    #: a communication op (a ZeRO-3 re-gather): the backward never issues it twice
+    collective: bool = False
 
 
 @dataclass

@@ -12,7 +12,7 @@ import time
 import warnings
 from dataclasses import dataclass
 
-from thunder_remat.joint_analysis import build_save_problem, collective_name
+from thunder_remat.joint_analysis import build_save_problem
 from thunder_remat.recompute_rewrite import insert_recomputation, prefetch_regathers
 from thunder_remat.save_plan import BudgetChoice, Frontier, build_frontier, choose_fastest, choose_plan, is_fastest_budget
 from thunder_remat.save_problem import SaveProblem, with_measured_costs
@@ -41,6 +41,8 @@ class SavePassResult:
     #: the forward op of every recomputed copy the rewrite made, in order (with a reuse window, cheap
     #: ops recomputed again for a far use appear more than once)
     copied_ops: tuple[int, ...] = ()
+    #: recomputed ops whose outputs the backward holds as checkpoints (budgets below checkpoint_budget)
+    checkpoint_ops: tuple[int, ...] = ()
 
     @property
     def copies(self) -> int:
@@ -85,6 +87,8 @@ class SavePassResult:
         if self.copies > len(plan.recomputed):
             text += (f"; {self.copies} copies made, {self.copies - len(plan.recomputed)} of them for far uses, "
                      f"est. {self.rewritten_cost:.3g} {self.problem.cost_unit} in all")
+        if self.checkpoint_ops:
+            text += f"; backward recomputes from {len(self.checkpoint_ops)} checkpoint ops"
         if not self.choice.feasible:
             text += "; budget infeasible, smallest plan used"
         return text + ")"
@@ -96,6 +100,25 @@ def _measure(trace, problem: SaveProblem) -> dict[int, float]:
 
     candidates = {op.index: trace.bound_symbols[op.index] for op in problem.ops if op.hard_ban is None and op.cost > 0}
     return time_ops(candidates)
+
+
+def backward_checkpoints(problem: SaveProblem, choice: BudgetChoice, checkpoint_budget) -> frozenset[int]:
+    """Recomputed ops whose outputs the backward holds as checkpoints (see ``checkpoint_budget``).
+
+    A plan far below the fastest recomputes most of the forward; recomputed once, at first use,
+    all of it runs when the backward starts and every matmul output it makes stays alive until
+    its layer's backward. The plan at ``checkpoint_budget`` saves a few values per layer: holding
+    those (recomputed, only while the backward runs) and recomputing the rest from them near its
+    use brings the step's peak down to about that plan's.
+    """
+    if checkpoint_budget is False or choice.frontier is None:
+        return frozenset()
+    anchor = choose_plan(choice.frontier, ("fraction", float(checkpoint_budget))).plan
+    if anchor.saved_bytes <= choice.plan.saved_bytes:
+        return frozenset()
+    held = set(anchor.saved) - set(choice.plan.saved)
+    recomputed = set(choice.plan.recomputed)
+    return frozenset(op.index for op in problem.ops if op.index in recomputed and held.intersection(op.outputs))
 
 
 def plan_saved_values(trace, config, *, zero3: bool = False) -> SavePassResult:
@@ -123,9 +146,18 @@ def plan_saved_values(trace, config, *, zero3: bool = False) -> SavePassResult:
         result.solve_ms = (end - mid) * 1e3
         window = config.recompute_window or None
         # Re-gathers (FSDP ZeRO-3) are recomputed by rule but are collectives: never issued twice.
-        cheap = frozenset(op.index for op in problem.ops if op.soft_ban is None and op.hard_ban is None
-                          and collective_name(trace.bound_symbols[op.index]) is None)
-        new, emitted = insert_recomputation(trace, choice.plan.recomputed, window=window, cheap=cheap)
+        cheap = frozenset(op.index for op in problem.ops
+                          if op.soft_ban is None and op.hard_ban is None and not op.collective)
+        checkpoints = segments = frozenset()
+        if window is not None:
+            checkpoints = backward_checkpoints(problem, choice, config.checkpoint_budget)
+            cheap -= checkpoints
+            recomputed = set(choice.plan.recomputed)
+            segments = frozenset(op.index for op in problem.ops if op.index in recomputed and not op.collective
+                                 and op.index not in checkpoints and op.index not in cheap)
+        result.checkpoint_ops = tuple(sorted(checkpoints))
+        new, emitted = insert_recomputation(trace, choice.plan.recomputed, window=window, cheap=cheap,
+                                            checkpoints=checkpoints, segments=segments)
         result.copied_ops = tuple(emitted)
         if regather:
             new = prefetch_regathers(new, config.fsdp_prefetch)
