@@ -45,6 +45,17 @@ def test_random_values_are_explained_as_not_recomputable():
     assert any("random op" in r for r in reasons)
 
 
+def test_backward_checkpoints_and_repeated_recompute_are_reported():
+    jm, _ = jit_and_run("gpt", remat_memory_budget=0.0)
+    save, report = thunder_remat.last_save_plan(jm), thunder_remat.explain(jm)
+    ops = {op.index: op for op in save.problem.ops}
+    held = {name for i in save.checkpoint_ops for name in ops[i].outputs}
+    assert held and {r.name for r in report.recomputed if r.where == "backward checkpoint"} == held
+    assert report.rewritten_cost == save.rewritten_cost > report.recompute_cost
+    assert "with the ops the backward runs more than once" in str(report)
+    assert json.loads(json.dumps(report.to_dict()))["rewritten_cost"] == save.rewritten_cost
+
+
 def test_draw_whole_graph_marks_the_cut(tmp_path):
     jm, _ = jit_and_run("mlp", remat_memory_budget=1.0)
     plan = thunder_remat.last_save_plan(jm).choice.plan

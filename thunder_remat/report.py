@@ -29,7 +29,8 @@ class SavedValue:
 class RecomputedValue:
     name: str
     op: str
-    #: "backward" (whole-graph pass) or the consumer region that recomputes it (fusion-pair pass)
+    #: "backward" (whole-graph pass; "backward checkpoint" when held while the backward runs) or
+    #: the consumer region that recomputes it (fusion-pair pass)
     where: str
 
 
@@ -45,6 +46,8 @@ class RematReport:
     recompute_cost: float = 0.0
     #: "flops" (estimated from shapes) or "us" (measured, remat_cost_model="measured")
     recompute_unit: str = "flops"
+    #: estimated cost of every copy the rewrite made (ops recomputed again for far uses count again)
+    rewritten_cost: float = 0.0
     times_ms: dict = field(default_factory=dict)
     pairs: list[dict] = field(default_factory=list)
 
@@ -67,6 +70,7 @@ class RematReport:
             "budget_feasible": self.budget_feasible,
             "recompute_cost": self.recompute_cost,
             "recompute_unit": self.recompute_unit,
+            "rewritten_cost": self.rewritten_cost,
             "times_ms": dict(self.times_ms),
             "pairs": list(self.pairs),
         }
@@ -79,7 +83,10 @@ class RematReport:
         lines.append(f"  saved activations: {before} B -> {self.activation_bytes:,} B "
                      f"({sum(v.activation for v in self.saved)} tensors; {self.saved_bytes:,} B with inputs)")
         if self.recomputed:
-            lines.append(f"  estimated recompute: {self.recompute_cost:.3g} {self.recompute_unit}")
+            line = f"  estimated recompute: {self.recompute_cost:.3g} {self.recompute_unit}"
+            if self.rewritten_cost > self.recompute_cost:
+                line += f" ({self.rewritten_cost:.3g} with the ops the backward runs more than once)"
+            lines.append(line)
         if self.times_ms:
             lines.append("  pass times: " + ", ".join(f"{k} {v:.1f} ms" for k, v in self.times_ms.items()))
         lines.append("  saved for backward:")
@@ -150,13 +157,16 @@ def explain(jitted) -> RematReport:
             report.budget += f" = {save.choice.target_bytes:,} B"
         report.budget_feasible = save.choice.feasible
         report.recompute_cost, report.recompute_unit = plan.recompute_cost, problem.cost_unit
+        report.rewritten_cost = save.rewritten_cost
         report.times_ms["whole-graph analysis"] = save.analysis_ms
         report.times_ms["whole-graph solve"] = save.solve_ms
         report.times_ms["whole-graph rewrite"] = save.rewrite_ms
         ops = {op.index: op for op in problem.ops}
+        checkpoints = set(save.checkpoint_ops)
         for i in plan.recomputed:
+            where = "backward checkpoint" if i in checkpoints else "backward"
             for name in ops[i].outputs:
-                report.recomputed.append(RecomputedValue(name, ops[i].op, "backward"))
+                report.recomputed.append(RecomputedValue(name, ops[i].op, where))
 
     args = {p.name for p in tree_flatten((fw.args, fw.kwargs))[0] if hasattr(p, "name")}
     flat, _ = tree_flatten(fw.output[1] if isinstance(fw.output, tuple) and len(fw.output) > 1 else ())
