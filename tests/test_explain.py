@@ -46,7 +46,7 @@ def test_random_values_are_explained_as_not_recomputable():
 
 
 def test_backward_checkpoints_and_repeated_recompute_are_reported():
-    jm, _ = jit_and_run("gpt", remat_memory_budget=0.0)
+    jm, _ = jit_and_run("gpt", remat_memory_budget=0.0, remat_checkpoint_budget=0.1)
     save, report = thunder_remat.last_save_plan(jm), thunder_remat.explain(jm)
     ops = {op.index: op for op in save.problem.ops}
     held = {name for i in save.checkpoint_ops for name in ops[i].outputs}

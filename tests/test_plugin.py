@@ -81,9 +81,9 @@ def test_plugin_name_registered():
         ({"remat": True, "remat_verify": 1}, "'remat_verify' must be one of"),
         ({"remat": True, "remat_recompute_window": 0}, "'remat_recompute_window' must be an int >= 1 or False"),
         ({"remat": True, "remat_recompute_window": True}, "'remat_recompute_window' must be an int >= 1 or False"),
-        ({"remat": True, "remat_checkpoint_budget": 1.5}, "'remat_checkpoint_budget' must be a fraction in"),
-        ({"remat": True, "remat_checkpoint_budget": True}, "'remat_checkpoint_budget' must be a fraction in"),
-        ({"remat": True, "remat_checkpoint_budget": "0.1"}, "'remat_checkpoint_budget' must be a fraction in"),
+        ({"remat": True, "remat_checkpoint_budget": 1.5}, "'remat_checkpoint_budget' must be 'auto', a fraction in"),
+        ({"remat": True, "remat_checkpoint_budget": True}, "'remat_checkpoint_budget' must be 'auto', a fraction in"),
+        ({"remat": True, "remat_checkpoint_budget": "sometimes"}, "'remat_checkpoint_budget' must be 'auto', a fraction in"),
         ({"remat": True, "remat_cost_model": "timed"}, "'remat_cost_model' must be one of \\['flops', 'measured'\\]"),
     ],
 )

@@ -13,6 +13,7 @@ import warnings
 from dataclasses import dataclass
 
 from thunder_remat.joint_analysis import build_save_problem
+from thunder_remat.peak_estimate import estimate_peak_bytes
 from thunder_remat.recompute_rewrite import insert_recomputation, prefetch_regathers
 from thunder_remat.save_plan import BudgetChoice, Frontier, build_frontier, choose_fastest, choose_plan, is_fastest_budget
 from thunder_remat.save_problem import SaveProblem, with_measured_costs
@@ -41,8 +42,14 @@ class SavePassResult:
     #: the forward op of every recomputed copy the rewrite made, in order (with a reuse window, cheap
     #: ops recomputed again for a far use appear more than once)
     copied_ops: tuple[int, ...] = ()
-    #: recomputed ops whose outputs the backward holds as checkpoints (budgets below checkpoint_budget)
+    #: recomputed ops whose outputs the backward holds as checkpoints (see remat_checkpoint_budget)
     checkpoint_ops: tuple[int, ...] = ()
+    #: the budget fraction whose plan anchored the checkpoints (None: no checkpoints)
+    checkpoint_anchor: float | None = None
+    #: with remat_checkpoint_budget="auto": the estimated step peak (thunder_remat.peak_estimate) of
+    #: the rewrite used and of the one without checkpoints, in bytes (None when not estimated)
+    peak_estimate: int | None = None
+    peak_estimate_without_checkpoints: int | None = None
 
     @property
     def copies(self) -> int:
@@ -88,7 +95,11 @@ class SavePassResult:
             text += (f"; {self.copies} copies made, {self.copies - len(plan.recomputed)} of them for far uses, "
                      f"est. {self.rewritten_cost:.3g} {self.problem.cost_unit} in all")
         if self.checkpoint_ops:
-            text += f"; backward recomputes from {len(self.checkpoint_ops)} checkpoint ops"
+            text += (f"; backward recomputes from {len(self.checkpoint_ops)} checkpoint ops "
+                     f"(anchored at budget {self.checkpoint_anchor:g})")
+        if self.peak_estimate is not None and self.peak_estimate_without_checkpoints is not None:
+            text += (f"; est. step peak {self.peak_estimate} B "
+                     f"({self.peak_estimate_without_checkpoints} B without checkpoints)")
         if not self.choice.feasible:
             text += "; budget infeasible, smallest plan used"
         return text + ")"
@@ -102,23 +113,75 @@ def _measure(trace, problem: SaveProblem) -> dict[int, float]:
     return time_ops(candidates)
 
 
-def backward_checkpoints(problem: SaveProblem, choice: BudgetChoice, checkpoint_budget) -> frozenset[int]:
-    """Recomputed ops whose outputs the backward holds as checkpoints (see ``checkpoint_budget``).
+#: "auto" tries the plans at these budget fractions as checkpoint anchors ...
+AUTO_ANCHORS = (0.1, 0.2, 0.3, 0.5, 0.7)
+#: ... and uses the best only if it lowers the estimated step peak by at least this fraction.
+AUTO_MIN_GAIN = 0.10
+
+
+def backward_checkpoints(problem: SaveProblem, choice: BudgetChoice, fraction: float) -> frozenset[int]:
+    """Recomputed ops whose outputs the backward holds as checkpoints, anchored at the plan the
+    budget ``fraction`` would choose (empty if that plan saves no more than the chosen one).
 
     A plan far below the fastest recomputes most of the forward; recomputed once, at first use,
     all of it runs when the backward starts and every matmul output it makes stays alive until
-    its layer's backward. The plan at ``checkpoint_budget`` saves a few values per layer: holding
-    those (recomputed, only while the backward runs) and recomputing the rest from them near its
-    use brings the step's peak down to about that plan's.
+    its layer's backward. The anchor plan saves a few values per layer: holding those
+    (recomputed, only while the backward runs) and recomputing the rest from them near its use
+    brings the step's peak down to about the anchor plan's.
     """
-    if checkpoint_budget is False or choice.frontier is None:
+    if choice.frontier is None:
         return frozenset()
-    anchor = choose_plan(choice.frontier, ("fraction", float(checkpoint_budget))).plan
+    anchor = choose_plan(choice.frontier, ("fraction", float(fraction))).plan
     if anchor.saved_bytes <= choice.plan.saved_bytes:
         return frozenset()
     held = set(anchor.saved) - set(choice.plan.saved)
     recomputed = set(choice.plan.recomputed)
     return frozenset(op.index for op in problem.ops if op.index in recomputed and held.intersection(op.outputs))
+
+
+def _rewrite(trace, problem: SaveProblem, plan, window, checkpoints=frozenset()):
+    # Re-gathers (FSDP ZeRO-3) are recomputed by rule but are collectives: never issued twice.
+    cheap = frozenset(op.index for op in problem.ops
+                      if op.soft_ban is None and op.hard_ban is None and not op.collective) - checkpoints
+    recomputed = set(plan.recomputed)
+    segments = frozenset(op.index for op in problem.ops if op.index in recomputed and not op.collective
+                         and op.index not in checkpoints and op.index not in cheap)
+    return insert_recomputation(trace, plan.recomputed, window=window, cheap=cheap, checkpoints=checkpoints,
+                                segments=segments)
+
+
+def _rewrite_with_checkpoints(trace, problem: SaveProblem, choice: BudgetChoice, config, result):
+    """The rewritten trace and its copies, with the backward checkpoints ``config`` asks for."""
+    window = config.recompute_window or None
+    setting = config.checkpoint_budget
+    if window is None or setting is False or choice.frontier is None:
+        return _rewrite(trace, problem, choice.plan, window)
+    if setting != "auto":
+        checkpoints = backward_checkpoints(problem, choice, setting)
+        result.checkpoint_ops, result.checkpoint_anchor = tuple(sorted(checkpoints)), setting if checkpoints else None
+        return _rewrite(trace, problem, choice.plan, window, checkpoints)
+    ops = {op.index: op for op in problem.ops}
+    plain = _rewrite(trace, problem, choice.plan, window)
+    if not any(ops[i].soft_ban for i in choice.plan.recomputed):
+        return plain  # only cheap ops recomputed: the window alone bounds what the backward holds
+    plain_peak = estimate_peak_bytes(plain[0])
+    best, best_peak, seen = None, plain_peak, set()
+    for fraction in AUTO_ANCHORS:
+        checkpoints = backward_checkpoints(problem, choice, fraction)
+        if not checkpoints or checkpoints in seen:
+            continue
+        seen.add(checkpoints)
+        candidate = _rewrite(trace, problem, choice.plan, window, checkpoints)
+        peak = estimate_peak_bytes(candidate[0])
+        if peak < best_peak:
+            best, best_peak = (fraction, checkpoints, candidate), peak
+    result.peak_estimate_without_checkpoints = plain_peak
+    if best is None or best_peak > (1.0 - AUTO_MIN_GAIN) * plain_peak:
+        result.peak_estimate = plain_peak
+        return plain
+    fraction, checkpoints, candidate = best
+    result.checkpoint_ops, result.checkpoint_anchor, result.peak_estimate = tuple(sorted(checkpoints)), fraction, best_peak
+    return candidate
 
 
 def plan_saved_values(trace, config, *, zero3: bool = False) -> SavePassResult:
@@ -144,20 +207,7 @@ def plan_saved_values(trace, config, *, zero3: bool = False) -> SavePassResult:
         result.choice = choice
         end = time.perf_counter()
         result.solve_ms = (end - mid) * 1e3
-        window = config.recompute_window or None
-        # Re-gathers (FSDP ZeRO-3) are recomputed by rule but are collectives: never issued twice.
-        cheap = frozenset(op.index for op in problem.ops
-                          if op.soft_ban is None and op.hard_ban is None and not op.collective)
-        checkpoints = segments = frozenset()
-        if window is not None:
-            checkpoints = backward_checkpoints(problem, choice, config.checkpoint_budget)
-            cheap -= checkpoints
-            recomputed = set(choice.plan.recomputed)
-            segments = frozenset(op.index for op in problem.ops if op.index in recomputed and not op.collective
-                                 and op.index not in checkpoints and op.index not in cheap)
-        result.checkpoint_ops = tuple(sorted(checkpoints))
-        new, emitted = insert_recomputation(trace, choice.plan.recomputed, window=window, cheap=cheap,
-                                            checkpoints=checkpoints, segments=segments)
+        new, emitted = _rewrite_with_checkpoints(trace, problem, choice, config, result)
         result.copied_ops = tuple(emitted)
         if regather:
             new = prefetch_regathers(new, config.fsdp_prefetch)
