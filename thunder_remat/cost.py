@@ -55,7 +55,7 @@ def op_flops(bsym, tag_names) -> float:
     name = bsym.sym.name
     # Thunder's own attention and the CUDA sdpa executor's forward ops
     # (sdpaex_grad_forward_scaled_dot_product_{efficient,flash}_attention) take (q, k, v, ...).
-    if (name in ("scaled_dot_product_attention", "sdpa") or "scaled_dot_product" in name) and len(ins) >= 3:
+    if (name == "sdpa" or "scaled_dot_product" in name) and len(ins) >= 3:
         q, k = ins[0], ins[1]
         return 4.0 * numel(q) * dim_size(k.shape[-2]) if k.ndim >= 2 else float(numel(q))
     if "MATMUL_OP" in tag_names or name in ("linear", "matmul"):

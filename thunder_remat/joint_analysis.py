@@ -80,6 +80,16 @@ def tag_names(bsym) -> frozenset[str]:
     return frozenset(names)
 
 
+def op_facts(bsym, tags: frozenset[str], outputs, inputs) -> OpFacts:
+    """What the policies judge an op by: name, tag names, and the bytes of the given proxies."""
+    return OpFacts(
+        op=bsym.sym.name,
+        tags=tags,
+        output_bytes=sum(value_bytes(p) for p in outputs),
+        input_bytes=sum(value_bytes(p) for p in inputs),
+    )
+
+
 def _source(bsym) -> str:
     filename = getattr(bsym, "source_filename", None)
     positions = getattr(bsym, "source_positions", None)
@@ -144,13 +154,7 @@ def build_save_problem(trace, policies, *, regather_params: bool = False) -> Sav
         for p in outs:
             add_value(p, False)
         names = tag_names(bsym)
-        facts = OpFacts(
-            op=bsym.sym.name,
-            tags=names,
-            output_bytes=sum(value_bytes(p) for p in outs),
-            input_bytes=sum(value_bytes(p) for p in reads),
-        )
-        judgement = judge_op(facts, policies)
+        judgement = judge_op(op_facts(bsym, names, outs, reads), policies)
         if i in regather:
             judgement = Judgement(recompute=True, reasons=(REGATHER,))
         # An op fed by nothing but constants (arange, a causal mask from it) makes a constant:

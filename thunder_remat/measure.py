@@ -32,16 +32,18 @@ class SavedTensors:
     activation_bytes: int = 0
 
 
+def _storages(tensors) -> set[int]:
+    """Storage addresses of the tensors among ``tensors`` (views share their base's)."""
+    return {t.untyped_storage().data_ptr() for t in tensors if isinstance(t, torch.Tensor)}
+
+
 def _held_storages(fn, args, kwargs) -> set[int]:
-    held = set()
-    tensors = [a for a in (*args, *kwargs.values()) if isinstance(a, torch.Tensor)]
+    tensors = [*args, *kwargs.values()]
     for source in ("parameters", "buffers"):
         get = getattr(fn, source, None)
         if callable(get):
             tensors.extend(get())
-    for t in tensors:
-        held.add(t.untyped_storage().data_ptr())
-    return held
+    return _storages(tensors)
 
 
 def saved_for_backward(fn, *args, **kwargs) -> tuple[object, SavedTensors]:
@@ -80,7 +82,7 @@ class _LiveTensorBytes(TorchDispatchMode):
 
     def __init__(self, held) -> None:
         super().__init__()
-        self.held = {t.untyped_storage().data_ptr() for t in held if isinstance(t, torch.Tensor)}
+        self.held = _storages(held)
         self.live: dict[tuple, list] = {}
         self.now = self.peak = 0
 

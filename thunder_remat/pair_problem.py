@@ -12,8 +12,8 @@ from dataclasses import dataclass
 from thunder.core.prims import OpTags
 
 from thunder_remat.cost import value_bytes
-from thunder_remat.joint_analysis import collective_name
-from thunder_remat.policies import OpFacts, judge_op
+from thunder_remat.joint_analysis import collective_name, op_facts
+from thunder_remat.policies import judge_op
 
 __all__ = ["PairProblem", "build_pair_problem", "KEEP_IN_PRODUCER_TAGS", "TagCache"]
 
@@ -150,12 +150,7 @@ def _keep_in_producer_reason(bsym, tags_of, policies=()) -> str | None:
     # The whole-graph pass's policies (a user's included) hold here too: an op they would rather
     # save, hard or soft, is not recomputed by a consumer region either.
     if policies:
-        facts = OpFacts(
-            op=bsym.sym.name,
-            tags=frozenset(getattr(t, "name", str(t)) for t in tags),
-            output_bytes=sum(value_bytes(p) for p in bsym.flat_proxy_outs),
-            input_bytes=sum(value_bytes(p) for p in bsym.flat_proxy_args),
-        )
-        judgement = judge_op(facts, policies)
+        names = frozenset(getattr(t, "name", str(t)) for t in tags)
+        judgement = judge_op(op_facts(bsym, names, bsym.flat_proxy_outs, bsym.flat_proxy_args), policies)
         return judgement.hard or judgement.soft
     return None
