@@ -10,7 +10,14 @@ from __future__ import annotations
 
 from thunder_remat.executors.base import FusionAdapter, adapter_for, register_adapter
 
-__all__ = ["FusionAdapter", "adapter_for", "register_adapter", "EXECUTOR_NAMES", "fusion_executor_by_name"]
+__all__ = [
+    "FusionAdapter",
+    "adapter_for",
+    "register_adapter",
+    "EXECUTOR_NAMES",
+    "fusion_executor_by_name",
+    "attention_executor_for",
+]
 
 #: fusion executors the main job and the benchmarks can be asked for by name
 EXECUTOR_NAMES = ("eager", "torchcompile", "nvfuser")
@@ -35,3 +42,15 @@ def fusion_executor_by_name(name: str):
 
         return thunder.get_executor("nvfuser")
     raise ValueError(f"fusion executor must be one of {list(EXECUTOR_NAMES)}, got {name!r}")
+
+
+def attention_executor_for(device):
+    """The executor that runs attention as one op on ``device`` (saving output and log-sum-exp):
+    Thunder's sdpa executor on CUDA, thunder_remat's CPU flash-attention executor on CPU."""
+    if str(device).startswith("cuda"):
+        import thunder
+
+        return thunder.get_executor("sdpa")
+    from thunder_remat.executors.cpu_attention import cpu_attention_ex
+
+    return cpu_attention_ex

@@ -1,0 +1,97 @@
+"""The CPU flash-attention executor: same numbers as Thunder's decomposition, output and
+log-sum-exp saved instead of the probabilities, never recomputed by a plan."""
+
+from __future__ import annotations
+
+import pytest
+import thunder
+import torch
+import torch.nn.functional as F
+
+import thunder_remat
+from thunder_remat.cost import op_flops
+from thunder_remat.executors.cpu_attention import BACKWARD_NAME, FORWARD_NAME, cpu_attention_ex
+from thunder_remat.executors.eager import eager_fusion_ex
+
+from helpers import run
+
+WITH_ATTENTION = [cpu_attention_ex, eager_fusion_ex]
+
+
+def attention(q, k, v):
+    return F.scaled_dot_product_attention(q.sin(), k, v, is_causal=True).relu()
+
+
+def scaled(q, k, v):
+    return F.scaled_dot_product_attention(q, k, v, scale=0.3)
+
+
+def masked(q, k, v, mask):
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+
+
+def qkv(seed=0, keys=12, dtype=torch.float32):
+    g = torch.Generator().manual_seed(seed)
+    shapes = ((2, 3, 12, 8), (2, 3, keys, 8), (2, 3, keys, 8))
+    return tuple(torch.randn(s, generator=g, dtype=dtype, requires_grad=True) for s in shapes)
+
+
+def op_names(trace):
+    return [b.sym.name for b in trace.bound_symbols]
+
+
+@pytest.mark.parametrize("fn", [attention, scaled], ids=["causal", "scale"])
+def test_outputs_and_grads_equal_thunders_decomposition(fn):
+    fused = run(fn, qkv(), executors=WITH_ATTENTION)
+    decomposed = run(fn, qkv(), executors=[eager_fusion_ex])
+    for a, b in zip(fused.outputs + fused.grads, decomposed.outputs + decomposed.grads):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-4)
+    assert FORWARD_NAME in op_names(thunder.last_traces(fused.jitted)[-1])
+    assert BACKWARD_NAME in op_names(thunder.last_backward_traces(fused.jitted)[-1])
+    assert BACKWARD_NAME not in op_names(thunder.last_backward_traces(decomposed.jitted)[-1])
+
+
+def test_backward_keeps_output_and_logsumexp_not_probabilities():
+    q, k, v = qkv(keys=40)
+    fused = run(scaled, (q, k, v), executors=WITH_ATTENTION)
+    decomposed = run(scaled, (q, k, v), executors=[eager_fusion_ex])
+    # inputs q, k, v are held by the caller anyway; the fused op adds out (2x3x12x8) and lse (2x3x12)
+    inputs = sum(t.numel() * 4 for t in (q, k, v))
+    assert fused.saved_bytes - inputs == (2 * 3 * 12 * 8 + 2 * 3 * 12) * 4
+    # the decomposition keeps the 2x3x12x40 probabilities
+    assert decomposed.saved_bytes - inputs >= 2 * 3 * 12 * 40 * 4
+
+
+def test_unsupported_calls_fall_back_to_thunder():
+    """A mask is outside what the CPU kernels compute like the decomposition: Thunder keeps it."""
+    q, k, v = qkv()
+    mask = torch.randn(12, 12)
+    fused = run(masked, (q, k, v, mask), executors=WITH_ATTENTION)
+    decomposed = run(masked, (q, k, v, mask), executors=[eager_fusion_ex])
+    assert FORWARD_NAME not in op_names(thunder.last_traces(fused.jitted)[-1])
+    for a, b in zip(fused.outputs + fused.grads, decomposed.outputs + decomposed.grads):
+        torch.testing.assert_close(a, b)
+
+
+@pytest.mark.parametrize("budget", [1.0, 0.0])
+def test_plans_treat_the_fused_forward_like_a_matmul(budget):
+    """Kept at 1.0 (output and lse saved); recomputed only when the budget demands it (0.0)."""
+    base = run(attention, qkv(), executors=WITH_ATTENTION)
+    remat = run(attention, qkv(), executors=WITH_ATTENTION, remat=True, remat_memory_budget=budget)
+    for a, b in zip(base.outputs + base.grads, remat.outputs + remat.grads):
+        torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-5)
+    result = thunder_remat.last_save_plan(remat.jitted)
+    (fused,) = [op for op in result.problem.ops if op.op == FORWARD_NAME]
+    assert fused.soft_ban == "matmul/linear/attention" and fused.hard_ban is None
+    recomputed = fused.index in result.choice.plan.recomputed
+    assert recomputed == (budget == 0.0)
+    assert (FORWARD_NAME in op_names(thunder.last_backward_traces(remat.jitted)[-1])) == recomputed
+    if not recomputed:
+        assert set(fused.outputs) <= set(result.choice.plan.saved)
+
+
+def test_the_fused_forward_is_priced_as_attention():
+    jitted = thunder.jit(attention, executors=WITH_ATTENTION)
+    jitted(*qkv())
+    bsym = next(b for b in thunder.last_traces(jitted)[-1].bound_symbols if b.sym.name == FORWARD_NAME)
+    assert op_flops(bsym, set()) == 4.0 * (2 * 3 * 12 * 8) * 12
