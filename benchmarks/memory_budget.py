@@ -3,8 +3,9 @@
 For each model and each budget b:
 
 * torch.compile (Inductor) with ``torch._functorch.config.activation_memory_budget = b``;
-* ``thunder.jit(model, executors=[ex], remat=True, remat_memory_budget=b)`` (on CUDA with Thunder's sdpa
-  executor before ``ex``);
+* ``thunder.jit(model, executors=[attention, ex], remat=True, remat_memory_budget=b)``, where
+  ``attention`` runs attention as one op like torch does (Thunder's sdpa executor on CUDA,
+  thunder_remat's CPU flash-attention executor on CPU; ``--attention decomposed`` leaves it out);
 * and once, Thunder 0.2.6 without thunder_remat.
 
 Each runs one forward under ``thunder_remat.measure.saved_for_backward`` (saved_tensors_hooks); the
@@ -44,6 +45,9 @@ def parse_args(argv=None):
     p.add_argument("--executor", default="eager", choices=["eager", "torchcompile"],
                    help="Thunder fusion executor for the thunder_remat runs (default: eager)")
     p.add_argument("--budgets", default=",".join(map(str, BUDGETS)), help="comma list of fractions")
+    p.add_argument("--attention", default="fused", choices=["fused", "decomposed"],
+                   help="fused (default): attention as one op for every Thunder run, like torch; "
+                        "decomposed: Thunder 0.2.6's CPU default (matmul, softmax, matmul)")
     p.add_argument("--output", help="also write the markdown table here")
     args = p.parse_args(argv)
     from thunder_remat.models import MODEL_NAMES
@@ -71,13 +75,13 @@ def _grads_ok(model, out, ref) -> bool:
     return ok
 
 
-def bench(name, size, executor, budgets, device="cpu"):
+def bench(name, size, executor, budgets, device="cpu", attention="fused"):
     import thunder
     import torch
     import torch._functorch.config as functorch_config
 
     import thunder_remat
-    from thunder_remat.executors import fusion_executor_by_name
+    from thunder_remat.executors import attention_executor_for, fusion_executor_by_name
     from thunder_remat.measure import saved_for_backward
     from thunder_remat.models import build_model, example_batch
     from thunder_remat.save_plan import choose_plan
@@ -90,8 +94,8 @@ def bench(name, size, executor, budgets, device="cpu"):
     ref = {n: p.grad.detach().clone() for n, p in model.named_parameters()}
     model.zero_grad(set_to_none=True)
     ex = [fusion_executor_by_name(executor)]
-    if str(device).startswith("cuda"):
-        ex = [thunder.get_executor("sdpa"), *ex]  # attention as Thunder's GPU defaults run it
+    if attention == "fused":
+        ex = [attention_executor_for(device), *ex]
 
     jm = thunder.jit(model, executors=ex)
     out, saved = saved_for_backward(jm, x)
@@ -130,7 +134,7 @@ def bench(name, size, executor, budgets, device="cpu"):
     return rows
 
 
-def table(rows, executor, device="cpu") -> str:
+def table(rows, executor, device="cpu", attention="fused") -> str:
     yn = {True: "yes", False: "NO"}
     lines = [
         "| model | size | budget | Thunder 0.2.6 (no remat) B | torch.compile B | thunder_remat B "
@@ -148,7 +152,8 @@ def table(rows, executor, device="cpu") -> str:
             f"| {yn[r['thunder_ok']]} / {yn[r['torch_ok']]} / {yn[r['ours_ok']]} |"
         )
     lines.append("")
-    lines.append(f"Activation bytes saved for backward in one real forward; thunder_remat ran with the {executor} executor on {device}. "
+    lines.append(f"Activation bytes saved for backward in one real forward; thunder_remat ran with the {executor} executor on {device}, "
+                 f"attention {attention}. "
                  "Recompute: estimated flops of the forward ops run again in the backward, one rule for both.")
     return "\n".join(lines)
 
@@ -159,8 +164,8 @@ def main(argv=None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S", stream=sys.stderr)
     rows = []
     for name in args.models:
-        rows += bench(name, args.size, args.executor, args.budgets, args.device)
-    text = table(rows, args.executor, args.device)
+        rows += bench(name, args.size, args.executor, args.budgets, args.device, args.attention)
+    text = table(rows, args.executor, args.device, args.attention)
     print(text)
     if args.output:
         with open(args.output, "w") as f:

@@ -15,6 +15,10 @@ intermediate is freed right after its last use (Thunder inserts the deletes); th
 ``eager`` executor runs each fusion region as one Python function that keeps every intermediate
 of the region alive until it returns, which hides what the plan does.
 
+``--attention fused`` (default) puts the executor that runs attention as one op first (on CPU
+thunder_remat's flash-attention executor, whose backward keeps the output and log-sum-exp);
+``--attention decomposed`` leaves Thunder 0.2.6's CPU default (matmul, softmax, matmul).
+
 Usage::
 
     python benchmarks/peak_memory.py --model gpt --size small
@@ -35,21 +39,25 @@ def main(argv=None) -> int:
     p.add_argument("--size", default="small", choices=["tiny", "small", "bench"])
     p.add_argument("--executor", default="none", choices=["none", "eager", "torchcompile"],
                    help="Thunder fusion executor (default: none, Thunder's torch executor only)")
+    p.add_argument("--attention", default="fused", choices=["fused", "decomposed"],
+                   help="attention as one op (default) or Thunder 0.2.6's CPU decomposition")
     p.add_argument("--window", default="30", help="remat_recompute_window: an int >= 1, or 'off' (default: 30)")
     args = p.parse_args(argv)
     warnings.filterwarnings("ignore")
     import thunder
 
     import thunder_remat
-    from thunder_remat.executors import fusion_executor_by_name
+    from thunder_remat.executors import attention_executor_for, fusion_executor_by_name
     from thunder_remat.measure import saved_for_backward, step_peak_memory
     from thunder_remat.models import build_model, example_batch
 
     executors = [] if args.executor == "none" else [fusion_executor_by_name(args.executor)]
+    if args.attention == "fused":
+        executors = [attention_executor_for("cpu"), *executors]
     window = False if args.window == "off" else int(args.window)
-    print("| model | size | executor | window | budget | step peak B | saved activation B "
+    print("| model | size | executor | attention | window | budget | step peak B | saved activation B "
           "| est. recompute, plan (flops) | recomputed copies / plan ops | est. recompute, rewritten (flops) |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     rows = [("Thunder (no remat)", {})] + [
         (b, {"remat": True, "remat_memory_budget": b, "remat_recompute_window": window}) for b in BUDGETS
     ]
@@ -69,7 +77,7 @@ def main(argv=None) -> int:
         if plan is not None and plan.choice:
             cost, rewritten = f"{plan.choice.plan.recompute_cost:.3g}", f"{plan.rewritten_cost:.3g}"
             copies = f"{plan.copies} / {len(plan.choice.plan.recomputed)}"
-        print(f"| {args.model} | {args.size} | {args.executor} | {args.window if options else '-'} | {label} "
+        print(f"| {args.model} | {args.size} | {args.executor} | {args.attention} | {args.window if options else '-'} | {label} "
               f"| {peak:,} | {saved.activation_bytes:,} | {cost} | {copies} | {rewritten} |", flush=True)
     return 0
 

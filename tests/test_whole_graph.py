@@ -312,8 +312,9 @@ def test_below_the_checkpoint_budget_the_backward_recomputes_from_checkpoints(mo
 
 def test_auto_checkpoints_take_the_anchor_with_the_lowest_estimated_peak(monkeypatch):
     """The default ("auto") estimates the step peak of the rewrite without checkpoints and with each
-    anchor, and keeps the lowest (up to AUTO_TIE) only if it is at least AUTO_MIN_GAIN lower. On the 1-layer GPT at
-    0.0 the best anchor saves 9.7% of the estimate: not enough at the default 10%, enough at 5%."""
+    anchor, and keeps the lowest (up to AUTO_TIE) only if it is at least AUTO_MIN_GAIN lower: on the
+    1-layer GPT at 0.0, a threshold just above the best anchor's gain keeps the rewrite without
+    checkpoints, one just below it takes the anchor."""
     import thunder_remat.whole_graph as wg
 
     estimates = []
@@ -325,14 +326,20 @@ def test_auto_checkpoints_take_the_anchor_with_the_lowest_estimated_peak(monkeyp
 
     monkeypatch.setattr(wg, "estimate_peak_bytes", spy)
     base = train_step("gpt", 0.1)
+    train_step("gpt", 0.1, remat=True, remat_memory_budget=0.0)
+    assert len(estimates) >= 2
+    gain = 1 - min(estimates) / estimates[0]
+    assert gain > 0.02
+
+    estimates.clear()
+    monkeypatch.setattr(wg, "AUTO_MIN_GAIN", gain + 0.01)
     jm = train_step("gpt", 0.1, remat=True, remat_memory_budget=0.0)[0]
     result = thunder_remat.last_save_plan(jm)
-    assert len(estimates) >= 2 and result.peak_estimate_without_checkpoints == estimates[0]
-    assert (1 - wg.AUTO_MIN_GAIN) * estimates[0] < min(estimates) < estimates[0]
+    assert result.peak_estimate_without_checkpoints == estimates[0]
     assert result.checkpoint_ops == () and result.peak_estimate == estimates[0]
 
     estimates.clear()
-    monkeypatch.setattr(wg, "AUTO_MIN_GAIN", 0.05)
+    monkeypatch.setattr(wg, "AUTO_MIN_GAIN", gain - 0.01)
     jm, out, grads, _ = train_step("gpt", 0.1, remat=True, remat_memory_budget=0.0)
     result = thunder_remat.last_save_plan(jm)
     est = result.anchor_estimates

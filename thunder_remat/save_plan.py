@@ -20,6 +20,13 @@ recompute directly: with a price ``w`` per unit of recompute cost, each op's val
 plans of both families, plus the fastest and the smallest, form a Pareto frontier; a budget picks
 the plan with the least recompute whose saved bytes fit, so saved bytes never grow as the budget
 falls.
+
+Neither family lands on every byte count: a budget between two frontier plans would otherwise get
+the lower one and leave the difference unused. So the gap the budget falls in is filled first,
+from the plan just above it: that plan with each one of its kept soft bans dropped, and two
+chains that drop them one after another (smallest outputs first; least recompute per byte first)
+down to the plan below (see ``gap_plans``). The filling depends only on the gap, not on where in it the budget lies, so saved
+bytes still never grow as the budget falls.
 """
 
 from __future__ import annotations
@@ -34,7 +41,7 @@ from thunder_remat.solvers.knapsack import solve_knapsack
 from thunder_remat.solvers.maxflow import CutResult, FlowNetwork, min_cut
 
 __all__ = ["SavePlan", "SaveNetwork", "Frontier", "BudgetChoice", "build_save_network", "plan_with_bans",
-           "build_frontier", "choose_plan", "choose_fastest", "is_fastest_budget"]
+           "build_frontier", "gap_plans", "choose_plan", "choose_fastest", "is_fastest_budget"]
 
 log = logging.getLogger(__name__)
 
@@ -87,6 +94,10 @@ class Frontier:
     fastest: SavePlan
     smallest: SavePlan
     solve_ms: float
+    #: the problem the plans solve; with it, a budget between two plans fills their gap
+    problem: SaveProblem | None = field(default=None, repr=False, compare=False)
+    #: plans found filling gaps, by the index of the plan above the gap (filled on demand)
+    filled: dict = field(default_factory=dict, repr=False, compare=False)
 
 
 @dataclass(frozen=True)
@@ -233,7 +244,58 @@ def build_frontier(problem: SaveProblem, solver: str = "dp", steps: int = FRONTI
     if len(in_range) < sum(p.saved_bytes <= fastest.saved_bytes for p in plans.values()):
         log.debug("a priced plan beats the fastest plan on both bytes and recompute; it is not offered")
     pareto = _pareto(in_range)
-    return Frontier(tuple(pareto), fastest, smallest, (time.perf_counter() - start) * 1e3)
+    return Frontier(tuple(pareto), fastest, smallest, (time.perf_counter() - start) * 1e3, problem)
+
+
+def gap_plans(frontier: Frontier, target: int) -> tuple[SavePlan, ...]:
+    """Plans strictly between the two frontier plans around ``target`` bytes (none without a
+    problem, or when ``target`` is below the smallest or at or above the largest plan).
+
+    From the plan above the gap: the plan with each one of its kept soft bans dropped (budgets
+    just below it), and two chains that drop them one after another until a plan saves no more
+    than the one below the gap - smallest outputs first (small steps down), and least recompute
+    per byte of output first (the cheapest bytes first, for budgets further down). Dropping a
+    ban removes a constraint from a bytes-only cut, so saved bytes never grow along a chain. At
+    most three cuts per ban the upper plan keeps; computed once per gap.
+    """
+    plans = frontier.plans
+    if frontier.problem is None or not plans or target < plans[0].saved_bytes or target >= plans[-1].saved_bytes:
+        return ()
+    upper = next(k for k, p in enumerate(plans) if p.saved_bytes > target)
+    if upper not in frontier.filled:
+        low, high = plans[upper - 1].saved_bytes, plans[upper].saved_bytes
+        found = _fill(frontier.problem, plans[upper], low)
+        frontier.filled[upper] = tuple(p for p in found if low < p.saved_bytes < high)
+    return frontier.filled[upper]
+
+
+def _fill(problem: SaveProblem, upper: SavePlan, floor_bytes: int) -> list[SavePlan]:
+    ops = {op.index: op for op in problem.ops}
+
+    def size(index):
+        return problem.nbytes(ops[index].outputs)
+
+    def smallest_first(index):
+        return (size(index), index)
+
+    def cheapest_per_byte_first(index):
+        return (ops[index].cost / size(index) if size(index) else math.inf, index)
+
+    found = {}
+    for index in sorted(upper.kept_bans):  # one ban dropped
+        plan = plan_with_bans(problem, upper.kept_bans - {index}, upper.price)
+        found.setdefault(plan.key, plan)
+    for order in (smallest_first, cheapest_per_byte_first):  # bans dropped one after another
+        kept = set(upper.kept_bans)
+        for index in sorted(upper.kept_bans, key=order):
+            kept.discard(index)
+            if len(kept) == len(upper.kept_bans) - 1:
+                continue  # one drop: above
+            plan = plan_with_bans(problem, kept, upper.price)
+            if plan.saved_bytes <= floor_bytes:
+                break
+            found.setdefault(plan.key, plan)
+    return sorted(found.values(), key=lambda p: (p.saved_bytes, p.recompute_cost, p.key))
 
 
 def _pareto(plans) -> list[SavePlan]:
@@ -265,7 +327,7 @@ def choose_plan(frontier: Frontier, budget) -> BudgetChoice:
     target = target_bytes(frontier, budget)
     if is_fastest_budget(budget):
         return BudgetChoice(frontier.fastest, target, True, frontier)
-    fitting = [p for p in frontier.plans if p.saved_bytes <= target]
+    fitting = [p for p in frontier.plans + gap_plans(frontier, target) if p.saved_bytes <= target]
     if not fitting:
         return BudgetChoice(frontier.plans[0], target, False, frontier)
     best = min(fitting, key=lambda p: (p.recompute_cost, p.saved_bytes, p.key))
