@@ -236,17 +236,17 @@ def test_a_budget_between_frontier_plans_gets_a_plan_in_the_gap():
 
 
 @pytest.mark.parametrize("seed", range(12))
-def test_gap_filling_never_costs_recompute_and_keeps_bytes_monotone(seed):
+def test_gap_filling_never_costs_recompute_and_keeps_the_budget_monotone(seed):
     p = random_problem(random.Random(seed))
     frontier = build_frontier(p)
     unfilled = without_gap_filling(frontier)
-    last = math.inf
+    last_bytes, last_cost = math.inf, -math.inf
     for target in range(frontier.fastest.saved_bytes, frontier.smallest.saved_bytes - 1, -1):
         choice = choose_plan(frontier, ("bytes", target))
         assert valid(p, choice.plan) and choice.plan.saved_bytes <= target
         assert choice.plan.recompute_cost <= choose_plan(unfilled, ("bytes", target)).plan.recompute_cost
-        assert choice.plan.saved_bytes <= last
-        last = choice.plan.saved_bytes
+        assert choice.plan.saved_bytes <= last_bytes and choice.plan.recompute_cost >= last_cost
+        last_bytes, last_cost = choice.plan.saved_bytes, choice.plan.recompute_cost
     for upper, plans in frontier.filled.items():
         low, high = frontier.plans[upper - 1].saved_bytes, frontier.plans[upper].saved_bytes
         assert all(low < plan.saved_bytes < high for plan in plans)

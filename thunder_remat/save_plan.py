@@ -265,7 +265,10 @@ def gap_plans(frontier: Frontier, target: int) -> tuple[SavePlan, ...]:
     if upper not in frontier.filled:
         low, high = plans[upper - 1].saved_bytes, plans[upper].saved_bytes
         found = _fill(frontier.problem, plans[upper], low)
-        frontier.filled[upper] = tuple(p for p in found if low < p.saved_bytes < high)
+        # A plan recomputing less than the upper plan would let a budget in this gap recompute
+        # less than one above it; like plans beating the fastest, it is not offered.
+        least = plans[upper].recompute_cost
+        frontier.filled[upper] = tuple(p for p in found if low < p.saved_bytes < high and p.recompute_cost >= least)
     return frontier.filled[upper]
 
 
