@@ -74,9 +74,12 @@ def test_draw_shows_the_chosen_plan_even_when_it_was_priced():
     from thunder_remat.solvers.maxflow import min_cut
 
     jm, _ = jit_and_run("gpt", remat_memory_budget=0.1)
+    # a byte budget equal to a priced frontier plan's bytes chooses that plan
+    priced = [p for p in thunder_remat.last_save_plan(jm).frontier().plans if p.price > 0 and p.saved_bytes > 0]
+    jm, _ = jit_and_run("gpt", remat_memory_budget=priced[0].saved_bytes)
     result = thunder_remat.last_save_plan(jm)
     plan = result.choice.plan
-    assert plan.price > 0  # at 0.1 the tiny GPT's best plan comes from a priced cut
+    assert plan.price > 0 and plan.saved_bytes == priced[0].saved_bytes
     net = build_save_network(result.problem, plan.kept_bans, plan.price)
     assert plan_from_cut(result.problem, net, min_cut(net.network), plan.kept_bans, plan.price) == plan
     dot = thunder_remat.draw(jm)
