@@ -23,9 +23,9 @@ falls.
 
 Neither family lands on every byte count: a budget between two frontier plans would otherwise get
 the lower one and leave the difference unused. So the gap the budget falls in is filled first,
-from the plan just above it: that plan with each one of its kept soft bans dropped, and two
-chains that drop them one after another (smallest outputs first; least recompute per byte first)
-down to the plan below (see ``gap_plans``). The filling depends only on the gap, not on where in it the budget lies, so saved
+from the plan just above it: that plan with each one of its kept soft bans dropped, two chains
+that drop them one after another (smallest outputs first; least recompute per byte first) down to
+the plan below, and knapsacks whose capacity steps through the gap (see ``gap_plans``). The filling depends only on the gap, not on where in it the budget lies, so saved
 bytes still never grow as the budget falls.
 """
 
@@ -49,6 +49,8 @@ log = logging.getLogger(__name__)
 FRONTIER_STEPS = 16
 #: recompute prices tried (geometric, spanning the ops' bytes-per-cost ratios)
 PRICE_STEPS = 24
+#: knapsack capacities tried inside the gap a budget falls in
+GAP_STEPS = 16
 
 
 @dataclass(frozen=True)
@@ -98,6 +100,8 @@ class Frontier:
     problem: SaveProblem | None = field(default=None, repr=False, compare=False)
     #: plans found filling gaps, by the index of the plan above the gap (filled on demand)
     filled: dict = field(default_factory=dict, repr=False, compare=False)
+    #: the knapsack solver the plans were found with
+    solver: str = "dp"
 
 
 @dataclass(frozen=True)
@@ -244,7 +248,7 @@ def build_frontier(problem: SaveProblem, solver: str = "dp", steps: int = FRONTI
     if len(in_range) < sum(p.saved_bytes <= fastest.saved_bytes for p in plans.values()):
         log.debug("a priced plan beats the fastest plan on both bytes and recompute; it is not offered")
     pareto = _pareto(in_range)
-    return Frontier(tuple(pareto), fastest, smallest, (time.perf_counter() - start) * 1e3, problem)
+    return Frontier(tuple(pareto), fastest, smallest, (time.perf_counter() - start) * 1e3, problem, solver=solver)
 
 
 def gap_plans(frontier: Frontier, target: int) -> tuple[SavePlan, ...]:
@@ -252,11 +256,12 @@ def gap_plans(frontier: Frontier, target: int) -> tuple[SavePlan, ...]:
     problem, or when ``target`` is below the smallest or at or above the largest plan).
 
     From the plan above the gap: the plan with each one of its kept soft bans dropped (budgets
-    just below it), and two chains that drop them one after another until a plan saves no more
+    just below it); two chains that drop them one after another until a plan saves no more
     than the one below the gap - smallest outputs first (small steps down), and least recompute
-    per byte of output first (the cheapest bytes first, for budgets further down). Dropping a
-    ban removes a constraint from a bytes-only cut, so saved bytes never grow along a chain. At
-    most three cuts per ban the upper plan keeps; computed once per gap.
+    per byte of output first (the cheapest bytes first, for budgets further down); and
+    ``GAP_STEPS`` knapsacks whose capacity steps from the upper plan's kept bytes down by the
+    gap's width, which may also swap one kept ban for another. At most three cuts per ban the
+    upper plan keeps plus ``GAP_STEPS`` knapsacks and cuts; computed once per gap.
     """
     plans = frontier.plans
     if frontier.problem is None or not plans or target < plans[0].saved_bytes or target >= plans[-1].saved_bytes:
@@ -264,7 +269,7 @@ def gap_plans(frontier: Frontier, target: int) -> tuple[SavePlan, ...]:
     upper = next(k for k, p in enumerate(plans) if p.saved_bytes > target)
     if upper not in frontier.filled:
         low, high = plans[upper - 1].saved_bytes, plans[upper].saved_bytes
-        found = _fill(frontier.problem, plans[upper], low)
+        found = _fill(frontier.problem, plans[upper], low, frontier.solver)
         # A plan recomputing less than the upper plan would let a budget in this gap recompute
         # less than one above it; like plans beating the fastest, it is not offered.
         least = plans[upper].recompute_cost
@@ -272,7 +277,7 @@ def gap_plans(frontier: Frontier, target: int) -> tuple[SavePlan, ...]:
     return frontier.filled[upper]
 
 
-def _fill(problem: SaveProblem, upper: SavePlan, floor_bytes: int) -> list[SavePlan]:
+def _fill(problem: SaveProblem, upper: SavePlan, floor_bytes: int, solver: str) -> list[SavePlan]:
     ops = {op.index: op for op in problem.ops}
 
     def size(index):
@@ -298,6 +303,17 @@ def _fill(problem: SaveProblem, upper: SavePlan, floor_bytes: int) -> list[SaveP
             if plan.saved_bytes <= floor_bytes:
                 break
             found.setdefault(plan.key, plan)
+    # knapsacks whose capacity steps through the gap (bans may also be swapped, not only dropped)
+    soft = _soft_banned(problem)
+    weights = [float(size(op.index)) for op in soft]
+    top = sum(size(index) for index in upper.kept_bans)
+    for k in range(1, GAP_STEPS + 1):
+        capacity = top - k * (upper.saved_bytes - floor_bytes) / (GAP_STEPS + 1)
+        if capacity < 0:
+            break
+        kept = solve_knapsack([op.cost for op in soft], weights, capacity, solver).kept
+        plan = plan_with_bans(problem, {soft[i].index for i in kept})
+        found.setdefault(plan.key, plan)
     return sorted(found.values(), key=lambda p: (p.saved_bytes, p.recompute_cost, p.key))
 
 
