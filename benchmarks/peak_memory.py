@@ -56,8 +56,9 @@ def main(argv=None) -> int:
         executors = [attention_executor_for("cpu"), *executors]
     window = False if args.window == "off" else int(args.window)
     print("| model | size | executor | attention | window | budget | step peak B | saved activation B "
-          "| est. recompute, plan (flops) | recomputed copies / plan ops | est. recompute, rewritten (flops) |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|")
+          "| est. recompute, plan (flops) | recomputed copies / plan ops | est. recompute, rewritten (flops) "
+          "| checkpoint anchor |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     rows = [("Thunder (no remat)", {})] + [
         (b, {"remat": True, "remat_memory_budget": b, "remat_recompute_window": window}) for b in BUDGETS
     ]
@@ -73,12 +74,13 @@ def main(argv=None) -> int:
         held = [x, *model.parameters(), *(q.grad for q in model.parameters() if q.grad is not None)]
         peak = step_peak_memory(lambda: jm(x).float().pow(2).mean().backward(), held).peak_bytes
         plan = thunder_remat.last_save_plan(jm)
-        cost = copies = rewritten = "-"
+        cost = copies = rewritten = anchor = "-"
         if plan is not None and plan.choice:
             cost, rewritten = f"{plan.choice.plan.recompute_cost:.3g}", f"{plan.rewritten_cost:.3g}"
             copies = f"{plan.copies} / {len(plan.choice.plan.recomputed)}"
+            anchor = "none" if plan.checkpoint_anchor is None else f"{plan.checkpoint_anchor:g}"
         print(f"| {args.model} | {args.size} | {args.executor} | {args.attention} | {args.window if options else '-'} | {label} "
-              f"| {peak:,} | {saved.activation_bytes:,} | {cost} | {copies} | {rewritten} |", flush=True)
+              f"| {peak:,} | {saved.activation_bytes:,} | {cost} | {copies} | {rewritten} | {anchor} |", flush=True)
     return 0
 
 
