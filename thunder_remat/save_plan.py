@@ -25,8 +25,9 @@ Neither family lands on every byte count: a budget between two frontier plans wo
 the lower one and leave the difference unused. So the gap the budget falls in is filled first,
 from the plan just above it: that plan with each one of its kept soft bans dropped, two chains
 that drop them one after another (smallest outputs first; least recompute per byte first) down to
-the plan below, and knapsacks whose capacity steps through the gap (see ``gap_plans``). The filling depends only on the gap, not on where in it the budget lies, so saved
-bytes still never grow as the budget falls.
+the plan below, and knapsacks whose capacity steps through the gap (see ``gap_plans``). The
+filling depends only on the gap, not on where in it the budget lies, so saved bytes still never
+grow as the budget falls.
 """
 
 from __future__ import annotations
@@ -268,12 +269,15 @@ def gap_plans(frontier: Frontier, target: int) -> tuple[SavePlan, ...]:
         return ()
     upper = next(k for k, p in enumerate(plans) if p.saved_bytes > target)
     if upper not in frontier.filled:
+        start = time.perf_counter()
         low, high = plans[upper - 1].saved_bytes, plans[upper].saved_bytes
         found = _fill(frontier.problem, plans[upper], low, frontier.solver)
         # A plan recomputing less than the upper plan would let a budget in this gap recompute
         # less than one above it; like plans beating the fastest, it is not offered.
         least = plans[upper].recompute_cost
         frontier.filled[upper] = tuple(p for p in found if low < p.saved_bytes < high and p.recompute_cost >= least)
+        log.debug("filled the gap %d..%d B with %d plans in %.1f ms", low, high, len(frontier.filled[upper]),
+                  (time.perf_counter() - start) * 1e3)
     return frontier.filled[upper]
 
 
