@@ -47,7 +47,7 @@ class RematConfig:
     #: Backward checkpoints for plans that recompute matmuls: the values the plan at this budget
     #: fraction would save are recomputed once and held while the backward runs, the rest (matmuls
     #: too) again near its use. "auto": the anchor whose rewrite has the lowest estimated step peak,
-    #: if 10% lower than without. Lower peak for up to ~2x recompute; needs the window. False: off.
+    #: if 2% lower than without. Lower peak for up to ~2x recompute; needs the window. False: off.
     checkpoint_budget: Any = "auto"
     #: Check every rewritten trace with thunder_remat.verify; a rewrite that fails is undone (with a warning).
     verify: bool = True

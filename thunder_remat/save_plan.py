@@ -298,11 +298,10 @@ def _fill(problem: SaveProblem, upper: SavePlan, floor_bytes: int, solver: str) 
         plan = plan_with_bans(problem, upper.kept_bans - {index}, upper.price)
         found.setdefault(plan.key, plan)
     for order in (smallest_first, cheapest_per_byte_first):  # bans dropped one after another
-        kept = set(upper.kept_bans)
-        for index in sorted(upper.kept_bans, key=order):
+        ordered = sorted(upper.kept_bans, key=order)
+        kept = set(upper.kept_bans) - set(ordered[:1])  # the first drop alone is above
+        for index in ordered[1:]:
             kept.discard(index)
-            if len(kept) == len(upper.kept_bans) - 1:
-                continue  # one drop: above
             plan = plan_with_bans(problem, kept, upper.price)
             if plan.saved_bytes <= floor_bytes:
                 break
@@ -318,7 +317,7 @@ def _fill(problem: SaveProblem, upper: SavePlan, floor_bytes: int, solver: str) 
         kept = solve_knapsack([op.cost for op in soft], weights, capacity, solver).kept
         plan = plan_with_bans(problem, {soft[i].index for i in kept})
         found.setdefault(plan.key, plan)
-    return sorted(found.values(), key=lambda p: (p.saved_bytes, p.recompute_cost, p.key))
+    return list(found.values())
 
 
 def _pareto(plans) -> list[SavePlan]:
