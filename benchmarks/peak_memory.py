@@ -57,7 +57,7 @@ def main(argv=None) -> int:
     window = False if args.window == "off" else int(args.window)
     print("| model | size | executor | attention | window | budget | step peak B | saved activation B "
           "| est. recompute, plan (flops) | recomputed copies / plan ops | est. recompute, rewritten (flops) "
-          "| checkpoint anchor |")
+          "| checkpoint anchors |")
     print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     rows = [("Thunder (no remat)", {})] + [
         (b, {"remat": True, "remat_memory_budget": b, "remat_recompute_window": window}) for b in BUDGETS
@@ -78,7 +78,7 @@ def main(argv=None) -> int:
         if plan is not None and plan.choice:
             cost, rewritten = f"{plan.choice.plan.recompute_cost:.3g}", f"{plan.rewritten_cost:.3g}"
             copies = f"{plan.copies} / {len(plan.choice.plan.recomputed)}"
-            anchor = "none" if plan.checkpoint_anchor is None else f"{plan.checkpoint_anchor:g}"
+            anchor = ", ".join(f"{a:g}" for a in plan.checkpoint_anchors) or "none"
         print(f"| {args.model} | {args.size} | {args.executor} | {args.attention} | {args.window if options else '-'} | {label} "
               f"| {peak:,} | {saved.activation_bytes:,} | {cost} | {copies} | {rewritten} | {anchor} |", flush=True)
     return 0

@@ -54,6 +54,13 @@ def test_backward_checkpoints_and_repeated_recompute_are_reported():
     assert report.rewritten_cost == save.rewritten_cost > report.recompute_cost
     assert "with the ops the backward runs more than once" in str(report)
     assert json.loads(json.dumps(report.to_dict()))["rewritten_cost"] == save.rewritten_cost
+    # nested levels: the inner level's values are named as such
+    jm, _ = jit_and_run("gpt", remat_memory_budget=0.0, remat_checkpoint_budget=(0.1, 0.2))
+    save, report = thunder_remat.last_save_plan(jm), thunder_remat.explain(jm)
+    outer, inner = ({name for i in level for name in ops[i].outputs} for level in save.checkpoint_levels)
+    where = {r.name: r.where for r in report.recomputed}
+    assert outer and inner and all(where[n] == "backward checkpoint" for n in outer)
+    assert all(where[n] == "backward checkpoint, level 2 (made from level 1 where first needed)" for n in inner)
 
 
 def test_draw_whole_graph_marks_the_cut(tmp_path):

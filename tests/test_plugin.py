@@ -84,6 +84,9 @@ def test_plugin_name_registered():
         ({"remat": True, "remat_checkpoint_budget": 1.5}, "'remat_checkpoint_budget' must be 'auto', a fraction in"),
         ({"remat": True, "remat_checkpoint_budget": True}, "'remat_checkpoint_budget' must be 'auto', a fraction in"),
         ({"remat": True, "remat_checkpoint_budget": "sometimes"}, "'remat_checkpoint_budget' must be 'auto', a fraction in"),
+        ({"remat": True, "remat_checkpoint_budget": ()}, "'remat_checkpoint_budget' must be .* tuple of fractions"),
+        ({"remat": True, "remat_checkpoint_budget": (0.1, 1.5)}, "'remat_checkpoint_budget' must be .* tuple of fractions"),
+        ({"remat": True, "remat_checkpoint_budget": [True]}, "'remat_checkpoint_budget' must be .* tuple of fractions"),
         ({"remat": True, "remat_cost_model": "timed"}, "'remat_cost_model' must be one of \\['flops', 'measured'\\]"),
     ],
 )
@@ -91,6 +94,11 @@ def test_bad_compile_options_name_the_option(options, message):
     jm = thunder.jit(f, executors=[eager_fusion_ex], **options)
     with pytest.raises(ValueError, match=message):
         jm(*args())
+
+
+def test_nested_checkpoint_budgets_are_kept_sorted():
+    assert RematConfig(checkpoint_budget=[0.2, 0.1, 0.2]).checkpoint_budget == (0.1, 0.2)
+    assert RematConfig(checkpoint_budget=0.3).checkpoint_budget == 0.3
 
 
 def test_bad_plugin_arguments():

@@ -310,11 +310,48 @@ def test_below_the_checkpoint_budget_the_backward_recomputes_from_checkpoints(mo
         assert thunder_remat.last_save_plan(jm).checkpoint_ops == ()
 
 
+def test_nested_checkpoints_recompute_the_outer_level_from_the_inner(monkeypatch):
+    """Budget 0.0 with checkpoints nested at 0.1 then 0.2: the 0.1 plan's values are copied once
+    and held; the 0.2 plan's, first made on the way to them, are made again from them where the
+    backward needs them (at most two copies); other matmuls at most three; same numbers."""
+    import thunder_remat.whole_graph as wg
+
+    original, calls = wg.insert_recomputation, []
+
+    def spy(trace, recomputed, **kwargs):
+        new, copies = original(trace, recomputed, **kwargs)
+        calls.append((copies, kwargs))
+        return new, copies
+
+    monkeypatch.setattr(wg, "insert_recomputation", spy)
+    base = train_step("gpt", 0.1)
+    jm, out, grads, _ = train_step("gpt", 0.1, remat=True, remat_memory_budget=0.0,
+                                   remat_checkpoint_budget=(0.2, 0.1))
+    result = thunder_remat.last_save_plan(jm)
+    copies, kwargs = calls[-1]
+    inner, outer = kwargs["checkpoints"]
+    assert ((0.1, inner), (0.2, outer)) == wg.backward_checkpoints(result.problem, result.choice, (0.1, 0.2))
+    assert result.checkpoint_levels == (tuple(sorted(inner)), tuple(sorted(outer)))
+    assert result.checkpoint_anchors == (0.1, 0.2) and result.checkpoint_anchor == 0.1
+    assert "anchored at budget 0.1, 0.2" in result.provenance()
+    plans = [wg.choose_plan(result.frontier(), ("fraction", f)).plan for f in (0.1, 0.2)]
+    ops = {op.index: op for op in result.problem.ops}
+    assert all(set(ops[i].outputs) & set(plans[0].saved) for i in inner)
+    assert all(set(ops[i].outputs) & (set(plans[1].saved) - set(plans[0].saved)) for i in outer)
+    counts = Counter(copies)
+    assert all(counts[i] == 1 for i in inner)
+    assert all(counts[i] <= 2 for i in outer) and any(counts[i] == 2 for i in outer)
+    assert all(counts[i] <= 3 for i in kwargs["segments"]) and any(counts[i] == 3 for i in kwargs["segments"])
+    torch.testing.assert_close(out, base[1], atol=0, rtol=0)
+    for g, g0 in zip(grads, base[2]):
+        torch.testing.assert_close(g, g0, atol=1e-5, rtol=1e-4)
+
+
 def test_auto_checkpoints_take_the_anchor_with_the_lowest_estimated_peak(monkeypatch):
     """The default ("auto") estimates the step peak of the rewrite without checkpoints and with each
-    anchor, and keeps the lowest (up to AUTO_TIE) only if it is at least AUTO_MIN_GAIN lower: on the
-    1-layer GPT at 0.0, a threshold just above the chosen anchor's gain keeps the rewrite without
-    checkpoints, one just below it takes the anchor."""
+    anchor; the lowest (up to AUTO_TIE, the largest anchor winning ties) is nested with nearer
+    anchors while each nesting lowers the estimate by AUTO_MIN_GAIN, and kept only if it is
+    AUTO_MIN_GAIN below the estimate without checkpoints (1-layer GPT at 0.0)."""
     import thunder_remat.whole_graph as wg
 
     estimates = []
@@ -326,35 +363,36 @@ def test_auto_checkpoints_take_the_anchor_with_the_lowest_estimated_peak(monkeyp
 
     monkeypatch.setattr(wg, "estimate_peak_bytes", spy)
     base = train_step("gpt", 0.1)
-    jm = train_step("gpt", 0.1, remat=True, remat_memory_budget=0.0)[0]
-    est = thunder_remat.last_save_plan(jm).anchor_estimates
-    assert len(estimates) >= 2 and sorted(est.values()) == sorted(estimates[1:])
-    tied = [f for f, e in est.items() if e <= (1 + wg.AUTO_TIE) * min(est.values())]
-    gain = 1 - est[max(tied)] / estimates[0]
-    assert gain > 0.02
-
-    estimates.clear()
-    monkeypatch.setattr(wg, "AUTO_MIN_GAIN", gain + 0.01)
-    jm = train_step("gpt", 0.1, remat=True, remat_memory_budget=0.0)[0]
-    result = thunder_remat.last_save_plan(jm)
-    assert result.peak_estimate_without_checkpoints == estimates[0]
-    assert result.checkpoint_ops == () and result.peak_estimate == estimates[0]
-
-    estimates.clear()
-    monkeypatch.setattr(wg, "AUTO_MIN_GAIN", gain - 0.01)
     jm, out, grads, _ = train_step("gpt", 0.1, remat=True, remat_memory_budget=0.0)
     result = thunder_remat.last_save_plan(jm)
-    est = result.anchor_estimates
-    assert set(est) <= set(wg.AUTO_ANCHORS) and sorted(est.values()) == sorted(estimates[1:])
-    # estimates within AUTO_TIE of the lowest tie; the largest anchor (least recompute) wins
-    lowest = min(est.values())
-    assert result.checkpoint_anchor == max(f for f, e in est.items() if e <= (1 + wg.AUTO_TIE) * lowest)
-    assert result.peak_estimate == est[result.checkpoint_anchor] == original(result.trace) < estimates[0]
-    expected = wg.backward_checkpoints(result.problem, result.choice, result.checkpoint_anchor)
-    assert result.checkpoint_ops == tuple(sorted(expected)) and "est. step peak" in result.provenance()
+    est, plain = result.anchor_estimates, estimates[0]
+    assert result.peak_estimate_without_checkpoints == plain
+    assert sorted(est.values()) == sorted(estimates[1:])
+    assert all(chain == tuple(sorted(chain)) and set(chain) <= set(wg.AUTO_ANCHORS) for chain in est)
+    singles = {chain[0]: peak for chain, peak in est.items() if len(chain) == 1}
+    lowest = min(singles.values())
+    chosen = result.checkpoint_anchors
+    # the tie among single anchors goes to the largest (least recompute); nesting adds nearer ones
+    assert chosen[-1] == max(f for f, e in singles.items() if e <= (1 + wg.AUTO_TIE) * lowest)
+    for k in range(len(chosen) - 1):
+        assert est[chosen[k:]] <= (1 - wg.AUTO_MIN_GAIN) * est[chosen[k + 1:]]
+    nearer = [chain for chain in est if len(chain) == len(chosen) + 1 and chain[1:] == chosen]
+    assert all(est[chain] > (1 - wg.AUTO_MIN_GAIN) * est[chosen] for chain in nearer)
+    assert result.peak_estimate == est[chosen] == original(result.trace) <= (1 - wg.AUTO_MIN_GAIN) * plain
+    levels = wg.backward_checkpoints(result.problem, result.choice, chosen)
+    assert tuple(f for f, _ in levels) == chosen and "est. step peak" in result.provenance()
+    assert result.checkpoint_levels == tuple(tuple(sorted(ops)) for _, ops in levels)
     torch.testing.assert_close(out, base[1], atol=0, rtol=0)
     for g, g0 in zip(grads, base[2]):
         torch.testing.assert_close(g, g0, atol=1e-5, rtol=1e-4)
+
+    # A threshold just above the chosen rewrite's gain keeps the rewrite without checkpoints.
+    estimates.clear()
+    monkeypatch.setattr(wg, "AUTO_MIN_GAIN", 1 - est[chosen] / plain + 0.01)
+    jm = train_step("gpt", 0.1, remat=True, remat_memory_budget=0.0)[0]
+    result = thunder_remat.last_save_plan(jm)
+    assert result.checkpoint_ops == () and result.checkpoint_anchor is None
+    assert result.peak_estimate == result.peak_estimate_without_checkpoints == estimates[0] == plain
     # Budget 1.0 recomputes no matmul and has no frontier: nothing is estimated.
     estimates.clear()
     jm = train_step("gpt", 0.1, remat=True)[0]

@@ -46,8 +46,10 @@ class RematConfig:
     recompute_window: Any = 30
     #: Backward checkpoints for plans that recompute matmuls: the values the plan at this budget
     #: fraction would save are recomputed once and held while the backward runs, the rest (matmuls
-    #: too) again near its use. "auto": the anchor whose rewrite has the lowest estimated step peak,
-    #: if 2% lower than without. Lower peak for up to ~2x recompute; needs the window. False: off.
+    #: too) again near its use. A tuple of fractions nests levels: the nearest anchor's values are
+    #: held, the next one's recomputed from them where first needed. "auto": the anchor (then
+    #: nested nearer anchors) whose rewrite has the lowest estimated step peak, if 2% lower than
+    #: without. Lower peak for up to ~2x recompute; needs the window. False: off.
     checkpoint_budget: Any = "auto"
     #: Check every rewritten trace with thunder_remat.verify; a rewrite that fails is undone (with a warning).
     verify: bool = True
@@ -70,10 +72,12 @@ class RematConfig:
                 f"thunder_remat option 'remat_recompute_window' must be an int >= 1 or False, got {w!r}"
             )
         c = self.checkpoint_budget
-        if not (c is False or c == "auto" or (type(c) in (int, float) and 0.0 <= c <= 1.0)):
+        if isinstance(c, (tuple, list)) and c and all(_is_fraction(f) for f in c):
+            object.__setattr__(self, "checkpoint_budget", tuple(sorted({float(f) for f in c})))
+        elif not (c is False or (isinstance(c, str) and c == "auto") or _is_fraction(c)):
             raise ValueError(
-                "thunder_remat option 'remat_checkpoint_budget' must be 'auto', a fraction in [0, 1] or False, "
-                f"got {c!r}"
+                "thunder_remat option 'remat_checkpoint_budget' must be 'auto', a fraction in [0, 1], "
+                f"a non-empty tuple of fractions (nested levels) or False, got {c!r}"
             )
         parse_budget(self.memory_budget)
         object.__setattr__(self, "policies", check_policies(self.policies))
@@ -88,6 +92,10 @@ class RematConfig:
     def budget(self) -> tuple | None:
         """The parsed memory budget: ("fraction", f) or ("bytes", n)."""
         return parse_budget(self.memory_budget)
+
+
+def _is_fraction(value: Any) -> bool:
+    return type(value) in (int, float) and 0.0 <= value <= 1.0
 
 
 def _check_choice(name: str, value: Any, allowed: tuple) -> None:

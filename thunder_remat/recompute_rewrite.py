@@ -22,7 +22,7 @@ __all__ = ["insert_recomputation"]
 
 
 def insert_recomputation(trace, recomputed_indices, *, window: int | None = None, cheap=frozenset(),
-                         checkpoints=frozenset(), segments=frozenset()):
+                         checkpoints=(), segments=frozenset()):
     """A new joint trace in which the backward recomputes the forward bsyms at ``recomputed_indices``.
 
     Returns the trace and the forward op index of every copy made, in order.
@@ -33,11 +33,16 @@ def insert_recomputation(trace, recomputed_indices, *, window: int | None = None
     again where it is next needed, from copies of its inputs (again recomputing the cheap ones
     that went stale). The stale copy is then freed after its last read instead of living until the
     far use, which bounds how much recomputed data a long backward holds. Other ops (matmuls) are
-    copied once, except ``segments`` ops: a stale copy of one made only to compute a
-    ``checkpoints`` op (whose copies are always reused) is made again near its next use, and that
-    copy is kept. So the backward first recomputes the checkpoints, holding only them, then each
-    segment from its checkpoints where it is needed (checkpointing, at most two copies per op
-    that is not cheap).
+    copied once, except ``segments`` ops: a stale copy of one made only to compute a checkpoint
+    op is made again near its next use, and that copy is kept. So the backward first recomputes
+    the checkpoints, holding only them, then each segment from its checkpoints where it is needed
+    (checkpointing).
+
+    ``checkpoints`` is a sequence of op-index sets, outermost level first. Copies of a level's ops
+    are reused, unless the copy was made only to compute an op of an outer level: then it is made
+    again (from the outer checkpoints) near its next use. With one level that is plain
+    checkpointing; with more, each level is recomputed from the one before only where it is
+    first needed, as if the outer level had been saved by the forward.
     """
     recompute = {i: trace.bound_symbols[i] for i in recomputed_indices}
     if not recompute:
@@ -45,23 +50,33 @@ def insert_recomputation(trace, recomputed_indices, *, window: int | None = None
     producer_index = {p.name: i for i, b in recompute.items() for p in b.flat_proxy_outs}
     new = from_trace(trace)
     new.bound_symbols = []
-    # op index -> [swap entries for its outputs, position of last read, made to build a checkpoint]
+    level: dict[int, int] = {}  # checkpoint op -> its level (1: outermost)
+    for depth, ops in enumerate(checkpoints, start=1):
+        for i in ops:
+            level.setdefault(i, depth)
+    beyond = len(checkpoints) + 1  # the level of ops that are no checkpoint
+    # op index -> [swap entries for its outputs, position of last read, level of the checkpoint it
+    # was made to compute (beyond: made for a backward use)]
     copies: dict[int, list] = {}
     emitted: list[int] = []
 
     def fresh_enough(i: int, entry, pos: int) -> bool:
         if window is None or pos - entry[1] <= window:
             return True
-        return i not in cheap and not (i in segments and entry[2])
+        if i in cheap:
+            return False
+        if i in level:
+            return entry[2] >= level[i]
+        return not (i in segments and entry[2] < beyond)
 
-    def emit(i: int, pos: int, for_checkpoint: bool = False) -> dict:
+    def emit(i: int, pos: int, made_for: int = beyond) -> dict:
         entry = copies.get(i)
         if entry is not None and fresh_enough(i, entry, pos):
             entry[1] = pos
             return entry[0]
         bsym = recompute[i]
         swap: dict = {}
-        under = for_checkpoint or i in checkpoints
+        under = min(made_for, level.get(i, beyond))
         for p in bsym.flat_proxy_args:
             j = producer_index.get(p.name)
             if j is not None and j != i:
@@ -75,7 +90,7 @@ def insert_recomputation(trace, recomputed_indices, *, window: int | None = None
         copy.tags.discard(BoundSymbolTag.RECOMPUTE_IN_BACKWARD)
         new.bound_symbols.append(copy)
         emitted.append(i)
-        copies[i] = [outs, pos, for_checkpoint]
+        copies[i] = [outs, pos, made_for]
         return outs
 
     for bsym in trace.bound_symbols:

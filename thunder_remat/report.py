@@ -162,9 +162,11 @@ def explain(jitted) -> RematReport:
         report.times_ms["whole-graph solve"] = save.solve_ms
         report.times_ms["whole-graph rewrite"] = save.rewrite_ms
         ops = {op.index: op for op in problem.ops}
-        checkpoints = set(save.checkpoint_ops)
+        level_of = {i: k for k, level in enumerate(save.checkpoint_levels, start=1) for i in level}
         for i in plan.recomputed:
-            where = "backward checkpoint" if i in checkpoints else "backward"
+            k = level_of.get(i)
+            where = ("backward" if k is None else "backward checkpoint" if k == 1
+                     else f"backward checkpoint, level {k} (made from level {k - 1} where first needed)")
             for name in ops[i].outputs:
                 report.recomputed.append(RecomputedValue(name, ops[i].op, where))
 

@@ -42,16 +42,28 @@ class SavePassResult:
     #: the forward op of every recomputed copy the rewrite made, in order (with a reuse window, cheap
     #: ops recomputed again for a far use appear more than once)
     copied_ops: tuple[int, ...] = ()
-    #: recomputed ops whose outputs the backward holds as checkpoints (see remat_checkpoint_budget)
-    checkpoint_ops: tuple[int, ...] = ()
-    #: the budget fraction whose plan anchored the checkpoints (None: no checkpoints)
-    checkpoint_anchor: float | None = None
+    #: recomputed ops whose outputs the backward holds as checkpoints (see remat_checkpoint_budget),
+    #: one tuple per level, outermost (held from the start of the backward) first
+    checkpoint_levels: tuple[tuple[int, ...], ...] = ()
+    #: the budget fractions whose plans anchored the checkpoints, one per level, nearest the chosen
+    #: plan first (empty: no checkpoints)
+    checkpoint_anchors: tuple[float, ...] = ()
     #: with remat_checkpoint_budget="auto": the estimated step peak (thunder_remat.peak_estimate) of
     #: the rewrite used and of the one without checkpoints, in bytes (None when not estimated)
     peak_estimate: int | None = None
     peak_estimate_without_checkpoints: int | None = None
-    #: with "auto": the estimated step peak with each anchor tried, by budget fraction
+    #: with "auto": the estimated step peak with each anchor chain tried (a tuple of budget fractions)
     anchor_estimates: dict = field(default_factory=dict)
+
+    @property
+    def checkpoint_ops(self) -> tuple[int, ...]:
+        """Every checkpoint op, of all levels."""
+        return tuple(sorted(i for level in self.checkpoint_levels for i in level))
+
+    @property
+    def checkpoint_anchor(self) -> float | None:
+        """The nearest anchor (the outermost checkpoint level), or None without checkpoints."""
+        return self.checkpoint_anchors[0] if self.checkpoint_anchors else None
 
     @property
     def copies(self) -> int:
@@ -98,7 +110,7 @@ class SavePassResult:
                      f"est. {self.rewritten_cost:.3g} {self.problem.cost_unit} in all")
         if self.checkpoint_ops:
             text += (f"; backward recomputes from {len(self.checkpoint_ops)} checkpoint ops "
-                     f"(anchored at budget {self.checkpoint_anchor:g})")
+                     f"(anchored at budget {', '.join(f'{a:g}' for a in self.checkpoint_anchors)})")
         if self.peak_estimate is not None and self.peak_estimate_without_checkpoints is not None:
             text += (f"; est. step peak {self.peak_estimate} B "
                      f"({self.peak_estimate_without_checkpoints} B without checkpoints)")
@@ -129,33 +141,45 @@ AUTO_MIN_GAIN = 0.02
 AUTO_TIE = 0.03
 
 
-def backward_checkpoints(problem: SaveProblem, choice: BudgetChoice, fraction: float) -> frozenset[int]:
-    """Recomputed ops whose outputs the backward holds as checkpoints, anchored at the plan the
-    budget ``fraction`` would choose (empty if that plan saves no more than the chosen one).
+def backward_checkpoints(problem: SaveProblem, choice: BudgetChoice, fractions) -> tuple[tuple[float, frozenset[int]], ...]:
+    """Recomputed ops whose outputs the backward holds as checkpoints: (fraction, ops) for one
+    level per budget in ``fractions``, nearest the chosen plan first, anchored at the plan that
+    budget would choose; a level is left out if its plan saves no more than the chosen one or
+    adds no op.
 
     A plan far below the fastest recomputes most of the forward; recomputed once, at first use,
     all of it runs when the backward starts and every matmul output it makes stays alive until
     its layer's backward. The anchor plan saves a few values per layer: holding those
     (recomputed, only while the backward runs) and recomputing the rest from them near its use
-    brings the step's peak down to about the anchor plan's.
+    brings the step's peak down to about the anchor plan's. With a second level, the backward
+    holds the first anchor's values and recomputes the second's from them where they are first
+    needed, as the first anchor's own backward would (see ``insert_recomputation``).
     """
     if choice.frontier is None:
-        return frozenset()
-    anchor = choose_plan(choice.frontier, ("fraction", float(fraction))).plan
-    if anchor.saved_bytes <= choice.plan.saved_bytes:
-        return frozenset()
-    held = set(anchor.saved) - set(choice.plan.saved)
+        return ()
     recomputed = set(choice.plan.recomputed)
-    return frozenset(op.index for op in problem.ops if op.index in recomputed and held.intersection(op.outputs))
+    covered = set(choice.plan.saved)
+    levels = []
+    for fraction in sorted(fractions):
+        anchor = choose_plan(choice.frontier, ("fraction", float(fraction))).plan
+        if anchor.saved_bytes <= choice.plan.saved_bytes:
+            continue
+        held = set(anchor.saved) - covered
+        covered |= held
+        level = frozenset(op.index for op in problem.ops if op.index in recomputed and held.intersection(op.outputs))
+        if level:
+            levels.append((float(fraction), level))
+    return tuple(levels)
 
 
-def _rewrite(trace, problem: SaveProblem, plan, window, checkpoints=frozenset()):
+def _rewrite(trace, problem: SaveProblem, plan, window, checkpoints=()):
     # Re-gathers (FSDP ZeRO-3) are recomputed by rule but are collectives: never issued twice.
+    held = frozenset().union(*checkpoints)
     cheap = frozenset(op.index for op in problem.ops
-                      if op.soft_ban is None and op.hard_ban is None and not op.collective) - checkpoints
+                      if op.soft_ban is None and op.hard_ban is None and not op.collective) - held
     recomputed = set(plan.recomputed)
     segments = frozenset(op.index for op in problem.ops if op.index in recomputed and not op.collective
-                         and op.index not in checkpoints and op.index not in cheap)
+                         and op.index not in held and op.index not in cheap)
     return insert_recomputation(trace, plan.recomputed, window=window, cheap=cheap, checkpoints=checkpoints,
                                 segments=segments)
 
@@ -167,32 +191,52 @@ def _rewrite_with_checkpoints(trace, problem: SaveProblem, choice: BudgetChoice,
     if window is None or setting is False or choice.frontier is None:
         return _rewrite(trace, problem, choice.plan, window)
     if setting != "auto":
-        checkpoints = backward_checkpoints(problem, choice, setting)
-        result.checkpoint_ops, result.checkpoint_anchor = tuple(sorted(checkpoints)), setting if checkpoints else None
-        return _rewrite(trace, problem, choice.plan, window, checkpoints)
+        levels = backward_checkpoints(problem, choice, setting if isinstance(setting, tuple) else (setting,))
+        _record_checkpoints(result, levels)
+        return _rewrite(trace, problem, choice.plan, window, tuple(ops for _, ops in levels))
     ops = {op.index: op for op in problem.ops}
     plain = _rewrite(trace, problem, choice.plan, window)
     if not any(ops[i].soft_ban for i in choice.plan.recomputed):
         return plain  # only cheap ops recomputed: the window alone bounds what the backward holds
     plain_peak = estimate_peak_bytes(plain[0])
     result.peak_estimate, result.peak_estimate_without_checkpoints = plain_peak, plain_peak
-    candidates, seen = [], set()
-    for fraction in AUTO_ANCHORS:
-        checkpoints = backward_checkpoints(problem, choice, fraction)
-        if not checkpoints or checkpoints in seen:
-            continue
-        seen.add(checkpoints)
-        candidate = _rewrite(trace, problem, choice.plan, window, checkpoints)
-        candidates.append((fraction, checkpoints, candidate, estimate_peak_bytes(candidate[0])))
-    result.anchor_estimates = {fraction: peak for fraction, _, _, peak in candidates}
-    if not candidates:
+    seen = set()
+
+    def attempt(chain):
+        levels = backward_checkpoints(problem, choice, chain)
+        held = tuple(ops for _, ops in levels)
+        if not held or held in seen:
+            return None
+        seen.add(held)
+        candidate = _rewrite(trace, problem, choice.plan, window, held)
+        peak = estimate_peak_bytes(candidate[0])
+        result.anchor_estimates[chain] = peak
+        return chain, levels, candidate, peak
+
+    singles = [c for c in (attempt((fraction,)) for fraction in AUTO_ANCHORS) if c is not None]
+    if not singles:
         return plain
-    lowest = min(peak for *_, peak in candidates)
-    fraction, checkpoints, candidate, peak = [c for c in candidates if c[3] <= (1.0 + AUTO_TIE) * lowest][-1]
+    lowest = min(peak for *_, peak in singles)
+    best = [c for c in singles if c[3] <= (1.0 + AUTO_TIE) * lowest][-1]
+    # Nest inward: hold a nearer anchor's values and recompute the chosen anchor's from them, as
+    # the nearer plan's own backward would, while that lowers the estimate by AUTO_MIN_GAIN.
+    while True:
+        nested = [attempt((fraction, *best[0])) for fraction in AUTO_ANCHORS if fraction < best[0][0]]
+        top = min((c for c in nested if c is not None), key=lambda c: c[3], default=None)
+        if top is None or top[3] > (1.0 - AUTO_MIN_GAIN) * best[3]:
+            break
+        best = top
+    chain, levels, candidate, peak = best
     if peak > (1.0 - AUTO_MIN_GAIN) * plain_peak:
         return plain
-    result.checkpoint_ops, result.checkpoint_anchor, result.peak_estimate = tuple(sorted(checkpoints)), fraction, peak
+    _record_checkpoints(result, levels)
+    result.peak_estimate = peak
     return candidate
+
+
+def _record_checkpoints(result, levels):
+    result.checkpoint_anchors = tuple(fraction for fraction, _ in levels)
+    result.checkpoint_levels = tuple(tuple(sorted(ops)) for _, ops in levels)
 
 
 def plan_saved_values(trace, config, *, zero3: bool = False) -> SavePassResult:
