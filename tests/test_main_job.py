@@ -47,3 +47,12 @@ def test_main_job_with_measured_costs(capsys, tmp_path):
     report = json.loads((out_dir / "report.json").read_text())
     assert report["recompute_unit"] == "us"
     assert {p["unit"] for p in json.loads((out_dir / "sweep.json").read_text())} == {"us"}
+
+
+def test_main_job_runs_attention_as_one_op_by_default(capsys, tmp_path):
+    from thunder_remat.executors.cpu_attention import FORWARD_NAME
+
+    assert main(["--model", "gpt", "--size", "tiny", "--output-dir", str(tmp_path)]) == 0
+    captured = capsys.readouterr()
+    assert "attention fused" in captured.err and "yes" in captured.out
+    assert FORWARD_NAME in (tmp_path / "forward_trace.py").read_text()

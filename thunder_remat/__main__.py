@@ -36,6 +36,12 @@ def parse_args(argv=None) -> argparse.Namespace:
         help="fusion executor: eager (light, no compile), torchcompile (Inductor/Triton), nvfuser (CUDA only)",
     )
     p.add_argument("--device", default="cpu", help="torch device (default: cpu)")
+    p.add_argument(
+        "--attention", choices=["fused", "decomposed"], default="fused",
+        help="fused (default): attention runs as one op that saves its output and log-sum-exp "
+             "(thunder_remat's CPU flash-attention executor on CPU, Thunder's sdpa on CUDA); "
+             "decomposed: Thunder 0.2.6's CPU default (matmul, softmax, matmul)",
+    )
     p.add_argument("--dropout", type=float, default=0.0, help="dropout probability for gpt (default: 0)")
     p.add_argument("--budget", default="1.0", type=_budget,
                    help="remat_memory_budget: a fraction in [0, 1], or bytes such as 2MiB (default: 1.0)")
@@ -59,7 +65,7 @@ def _budget(text: str):
     return value
 
 
-def measure(args, executor, **options) -> dict:
+def measure(args, executors, **options) -> dict:
     import thunder
     import torch
 
@@ -69,7 +75,7 @@ def measure(args, executor, **options) -> dict:
 
     model = build_model(args.model, args.size, dropout=args.dropout or None).to(args.device)
     x = example_batch(model).to(args.device)
-    jm = thunder.jit(model, executors=[executor], **options)
+    jm = thunder.jit(model, executors=executors, **options)
     start = time.perf_counter()
     torch.manual_seed(0)
     out, saved = saved_for_backward(jm, x)
@@ -123,22 +129,25 @@ def write_outputs(folder, jm, report) -> list[str]:
 def main(argv=None) -> int:
     args = parse_args(argv)
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.WARNING, format="%(name)s: %(message)s")
-    print(f"thunder-remat: {args.model} ({args.size}) with the {args.executor} fusion executor on {args.device}", file=sys.stderr)
+    print(f"thunder-remat: {args.model} ({args.size}) with the {args.executor} fusion executor on {args.device}, "
+          f"attention {args.attention}", file=sys.stderr)
     import torch
 
     import thunder_remat
     import thunder_remat.tradeoff
 
-    from thunder_remat.executors import fusion_executor_by_name
+    from thunder_remat.executors import attention_executor_for, fusion_executor_by_name
 
     try:
-        executor = fusion_executor_by_name(args.executor)
+        executors = [fusion_executor_by_name(args.executor)]
     except RuntimeError as exc:
         raise SystemExit(f"thunder-remat: {exc}") from None
+    if args.attention == "fused":
+        executors.insert(0, attention_executor_for(args.device))
     print("  [1/3] compiling and running without thunder_remat (Thunder's built-in pass) ...", file=sys.stderr)
-    before = measure(args, executor)
+    before = measure(args, executors)
     print(f"  [2/3] compiling and running with thunder_remat (budget {args.budget}) ...", file=sys.stderr)
-    after = measure(args, executor, remat=True, remat_memory_budget=args.budget, remat_cost_model=args.cost_model)
+    after = measure(args, executors, remat=True, remat_memory_budget=args.budget, remat_cost_model=args.cost_model)
 
     same = all(torch.allclose(a, b, atol=1e-5, rtol=1e-4) for a, b in zip(before["grads"], after["grads"]))
     pairs, plan = after["pairs"], after["plan"]
