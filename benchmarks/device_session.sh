@@ -8,6 +8,10 @@
 # Compiles are mostly single-threaded Python, so the jobs share the 16 cores; step times are
 # therefore taken under load (read them as relative, within one job).
 # Needs: .whl/ with lightning-thunder 0.2.6, igraph, texttable, looseversion, optree, dill (cp312).
+# Fetch them on a machine with network access (not committed; carry .whl with the run):
+#   for w in lightning_thunder==0.2.6 igraph==1.0.0 texttable looseversion optree==0.20.0 dill==0.4.1; do
+#     python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+#       --platform manylinux_2_28_x86_64 -d .whl "$w"; done
 set -u
 OUT=${OUT:-/tmp/out}
 LIMIT=${LIMIT:-420}
