@@ -372,6 +372,7 @@ def test_auto_checkpoints_take_the_anchor_with_the_lowest_estimated_peak(monkeyp
     singles = {chain[0]: peak for chain, peak in est.items() if len(chain) == 1}
     lowest = min(singles.values())
     chosen = result.checkpoint_anchors
+    assert len(chosen) >= 2  # on this model a nesting lowers the estimate: the path below is exercised
     # the tie among single anchors goes to the largest (least recompute); nesting adds nearer ones
     assert chosen[-1] == max(f for f, e in singles.items() if e <= (1 + wg.AUTO_TIE) * lowest)
     for k in range(len(chosen) - 1):
