@@ -47,9 +47,10 @@ class RematConfig:
     #: Backward checkpoints for plans that recompute matmuls: the values the plan at this budget
     #: fraction would save are recomputed once and held while the backward runs, the rest (matmuls
     #: too) again near its use. A tuple of fractions nests levels: the nearest anchor's values are
-    #: held, the next one's recomputed from them where first needed. "auto": the anchor (then
-    #: nested nearer anchors) whose rewrite has the lowest estimated step peak, if 2% lower than
-    #: without. Lower peak for up to ~2x recompute; needs the window. False: off.
+    #: held, the next one's recomputed from them where first needed. "auto": the anchor whose rewrite
+    #: has the lowest estimated step peak, the nearest anchor nested under it if that is 2% lower
+    #: again, used if 2% lower than without. Lower peak for up to ~2x recompute; needs the window.
+    #: False: off.
     checkpoint_budget: Any = "auto"
     #: Check every rewritten trace with thunder_remat.verify; a rewrite that fails is undone (with a warning).
     verify: bool = True

@@ -218,14 +218,16 @@ def _rewrite_with_checkpoints(trace, problem: SaveProblem, choice: BudgetChoice,
         return plain
     lowest = min(peak for *_, peak in singles)
     best = [c for c in singles if c[3] <= (1.0 + AUTO_TIE) * lowest][-1]
-    # Nest inward: hold a nearer anchor's values and recompute the chosen anchor's from them, as
-    # the nearer plan's own backward would, while that lowers the estimate by AUTO_MIN_GAIN.
-    while True:
-        nested = [attempt((fraction, *best[0])) for fraction in AUTO_ANCHORS if fraction < best[0][0]]
-        top = min((c for c in nested if c is not None), key=lambda c: c[3], default=None)
-        if top is None or top[3] > (1.0 - AUTO_MIN_GAIN) * best[3]:
+    # Nest: hold the nearest anchor's values (the smallest anchor that gives another rewrite) and
+    # recompute the chosen anchor's from them, as the nearest plan's own backward would; kept if
+    # that lowers the estimate by AUTO_MIN_GAIN. (On the built-in models the nearest was also the
+    # best of all nearer anchors, for one rewrite instead of up to four.)
+    for fraction in (f for f in AUTO_ANCHORS if f < best[0][0]):
+        nested = attempt((fraction, *best[0]))
+        if nested is not None:
+            if nested[3] <= (1.0 - AUTO_MIN_GAIN) * best[3]:
+                best = nested
             break
-        best = top
     chain, levels, candidate, peak = best
     if peak > (1.0 - AUTO_MIN_GAIN) * plain_peak:
         return plain
