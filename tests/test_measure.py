@@ -73,3 +73,24 @@ def test_the_static_peak_estimate_ranks_rewrites_like_the_measured_peak():
     assert sorted(range(3), key=measured.__getitem__) == sorted(range(3), key=estimated.__getitem__)
     for m, e in zip(measured, estimated):
         assert abs(e - m) <= 0.15 * m, (measured, estimated)
+
+
+def test_the_static_peak_estimate_counts_reshapes_of_contiguous_tensors_as_views():
+    """With attention as one op, most reshapes in the GPT's trace are views; counting them as
+    copies put the estimate 10-12% above the measured peak, now it is within 5%."""
+    import thunder_remat
+    from thunder_remat.executors import attention_executor_for
+    from thunder_remat.peak_estimate import _shape_prims, estimate_peak_bytes
+
+    for budget in (1.0, 0.3):
+        model = build_model("gpt", "small")
+        x = example_batch(model)
+        jm = thunder.jit(model, executors=[attention_executor_for("cpu")], remat=True, remat_memory_budget=budget)
+        jm(x).float().pow(2).mean().backward()
+        held = [x, *model.parameters(), *(p.grad for p in model.parameters())]
+        measured = step_peak_memory(lambda: jm(x).float().pow(2).mean().backward(), held).peak_bytes
+        trace = thunder_remat.last_save_plan(jm).trace
+        assert abs(estimate_peak_bytes(trace) - measured) <= 0.05 * measured, (budget, measured)
+    kinds = {b.sym.name: _shape_prims(b) for b in trace.bound_symbols}
+    assert kinds["reshape"] == ["reshape"] and kinds["transpose"] == ["transpose"]
+    assert kinds["linear"] is None and kinds["mul"] is None
