@@ -65,9 +65,9 @@ def insert_recomputation(trace, recomputed_indices, *, window: int | None = None
             return True
         if i in cheap:
             return False
-        if i in level:
-            return entry[2] >= level[i]
-        return not (i in segments and entry[2] < beyond)
+        if i in level or i in segments:  # stale and made for an outer level: make it again
+            return entry[2] >= level.get(i, beyond)
+        return True  # a collective (ZeRO-3 re-gather): never issued twice
 
     def emit(i: int, pos: int, made_for: int = beyond) -> dict:
         entry = copies.get(i)

@@ -129,6 +129,19 @@ def _soft_banned(problem: SaveProblem) -> list[ForwardOp]:
     return [op for op in problem.ops if op.soft_ban and not op.hard_ban]
 
 
+def _knapsack_plans(problem: SaveProblem, capacities, solver: str) -> list[SavePlan]:
+    """One plan per capacity: the soft bans a knapsack keeps within that many bytes of their
+    outputs (keeping the most recompute cost), as a min cut."""
+    soft = _soft_banned(problem)
+    weights = [float(problem.nbytes(op.outputs)) for op in soft]
+    values = [op.cost for op in soft]
+    plans = []
+    for capacity in capacities:
+        kept = solve_knapsack(values, weights, capacity, solver).kept
+        plans.append(plan_with_bans(problem, {soft[i].index for i in kept}))
+    return plans
+
+
 def build_save_network(problem: SaveProblem, kept_bans: frozenset[int], price: float = 0.0) -> SaveNetwork:
     """The flow network for ``problem`` with ``kept_bans`` soft bans in force.
 
@@ -232,12 +245,8 @@ def build_frontier(problem: SaveProblem, solver: str = "dp", steps: int = FRONTI
     smallest = plan_with_bans(problem, set())
     plans = {fastest.key: fastest, smallest.key: smallest}
     if soft and fastest.saved_bytes > smallest.saved_bytes:
-        weights = [float(problem.nbytes(op.outputs)) for op in soft]
-        values = [op.cost for op in soft]
-        total = sum(weights)
-        for k in range(1, steps):
-            kept = solve_knapsack(values, weights, total * k / steps, solver).kept
-            plan = plan_with_bans(problem, {soft[i].index for i in kept})
+        total = sum(problem.nbytes(op.outputs) for op in soft)
+        for plan in _knapsack_plans(problem, (total * k / steps for k in range(1, steps)), solver):
             plans.setdefault(plan.key, plan)
         for price in recompute_prices(problem):
             plan = plan_with_bans(problem, set(), price)
@@ -307,15 +316,9 @@ def _fill(problem: SaveProblem, upper: SavePlan, floor_bytes: int, solver: str) 
                 break
             found.setdefault(plan.key, plan)
     # knapsacks whose capacity steps through the gap (bans may also be swapped, not only dropped)
-    soft = _soft_banned(problem)
-    weights = [float(size(op.index)) for op in soft]
     top = sum(size(index) for index in upper.kept_bans)
-    for k in range(1, GAP_STEPS + 1):
-        capacity = top - k * (upper.saved_bytes - floor_bytes) / (GAP_STEPS + 1)
-        if capacity < 0:
-            break
-        kept = solve_knapsack([op.cost for op in soft], weights, capacity, solver).kept
-        plan = plan_with_bans(problem, {soft[i].index for i in kept})
+    steps = (top - k * (upper.saved_bytes - floor_bytes) / (GAP_STEPS + 1) for k in range(1, GAP_STEPS + 1))
+    for plan in _knapsack_plans(problem, (c for c in steps if c >= 0), solver):
         found.setdefault(plan.key, plan)
     return list(found.values())
 
