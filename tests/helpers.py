@@ -81,3 +81,47 @@ def last_pairs(jitted):
     result = thunder_remat.last_pair_pass(jitted)
     assert result is not None, "thunder_remat's pair pass did not run"
     return result
+
+
+def joint_trace(fn, args, *, executors=(), **options):
+    """The joint forward+backward trace Thunder hands to thunder_remat's whole-graph pass for ``fn``
+    (and the pass's result on it), from one jit-and-call with ``remat=True``."""
+    import thunder_remat.plugin as plugin
+
+    seen = []
+    original = plugin.plan_saved_values
+
+    def spy(trace, config, **kwargs):
+        result = original(trace, config, **kwargs)
+        seen.append((trace, result))
+        return result
+
+    plugin.plan_saved_values = spy
+    try:
+        jitted = thunder.jit(fn, executors=list(executors), remat=True, **options)
+        jitted(*args)
+    finally:
+        plugin.plan_saved_values = original
+    assert seen, "the whole-graph pass did not run"
+    return seen[-1]
+
+
+def forward_tensors(joint, inputs: dict) -> dict:
+    """Run the forward part of a joint trace op by op with Thunder's torch executor and return
+    every tensor it makes, by name. ``inputs``: a tensor for each forward input name."""
+    from thunder.core.proxies import TensorProxy
+
+    from thunder_remat.executors.eager import _region_callable
+    from thunder_remat.joint_analysis import split_joint
+
+    forward, _, names = split_joint(joint)
+    proxies = {p.name: p for b in joint.bound_symbols[:-1] for p in b.flat_proxy_outs if p.name in names}
+    proxies.update({p.name: p for p in joint.bound_symbols[-1].args[0]["flat_args"] if hasattr(p, "name")})
+    args = [proxies[n] for n in inputs]
+    made = {}
+    for _, bsym in forward:
+        for p in bsym.flat_proxy_outs:
+            if isinstance(p, TensorProxy) and p.name not in proxies:
+                made.setdefault(p.name, p)
+    run = _region_callable([b for _, b in forward], args, list(made.values()))
+    return dict(zip(made, run(*inputs.values())))

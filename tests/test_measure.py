@@ -88,11 +88,14 @@ def test_the_static_peak_estimate_counts_reshapes_of_contiguous_tensors_as_views
     """With attention as one op, most reshapes in the GPT's trace are views; counting them as
     copies put the estimate 10-12% above the measured peak, now it is within 5%."""
     from thunder_remat.executors import attention_executor_for
-    from thunder_remat.peak_estimate import _shape_prims
+    from thunder_remat.joint_analysis import forward_storages
 
     for budget in (1.0, 0.3):
         measured, estimated, trace = _measured_and_estimated([attention_executor_for("cpu")], remat_memory_budget=budget)
         assert abs(estimated - measured) <= 0.05 * measured, (budget, measured, estimated)
-    kinds = {b.sym.name: _shape_prims(b) for b in trace.bound_symbols}
-    assert kinds["reshape"] == ["reshape"] and kinds["transpose"] == ["transpose"]
-    assert kinds["linear"] is None and kinds["mul"] is None
+    storages = forward_storages(trace, with_backward=True)
+    reshapes = [b for b in trace.bound_symbols if b.sym.name == "reshape"]
+    shares = [storages.owner_of(b.flat_proxy_outs[0].name) == storages.owner_of(b.flat_proxy_args[0].name)
+              for b in reshapes]
+    # the heads' view of the qkv projection is a view; the attention output's transpose-reshape a copy
+    assert any(shares) and not all(shares)

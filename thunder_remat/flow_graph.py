@@ -63,11 +63,22 @@ class PairPlan:
 
 
 def value_capacity(problem: PairProblem, name: str, size: int) -> float:
-    """Cost of handing ``name`` to the consumer."""
+    """Cost of handing ``name`` to the consumer: the storage it keeps alive.
+
+    A view does not cross (its base does, and the consumer makes the view again for free), so
+    that handing over several views of one base never costs more than the base; a view that must
+    cross (pinned) costs what its base would.
+    """
     if name in problem.frozen:
         return math.inf
     if name in problem.free:
         return 0.0
+    owner = problem.views.get(name)
+    if owner is not None:
+        if name not in problem.pinned:
+            return math.inf
+        if owner != name:
+            return value_capacity(problem, owner, problem.storage[owner][1])
     if name in problem.producer_inputs:
         return size * problem.producer_input_discount
     return float(size)

@@ -20,6 +20,7 @@ from thunder.core.prims import OpTags
 
 from thunder_remat.config import RematConfig
 from thunder_remat.flow_graph import solve_pair
+from thunder_remat.joint_analysis import is_backward_region
 from thunder_remat.pair_problem import TagCache, build_pair_problem
 from thunder_remat.rewrite import rewrite_pair
 
@@ -34,7 +35,7 @@ class PairRecord:
 
     producer: str
     consumer: str
-    status: str  # "rewritten", "unchanged" or "failed: <reason>"
+    status: str  # "rewritten", "unchanged", "failed: <reason>" or SAVED_SET_PLANNED
     cut_value: float = 0.0
     bytes_before: int = 0
     bytes_after: int = 0
@@ -114,17 +115,26 @@ def _mutated_names(bsyms, tags_of) -> frozenset[str]:
     return frozenset(names)
 
 
+#: status of a pair from a forward region into a backward one when the whole-graph pass chose
+#: what the forward saves: recomputing in the backward region would change that choice
+SAVED_SET_PLANNED = "kept: forward -> backward, the whole-graph plan chose what is saved"
+
+
 def rematerialize_fusion_pairs(
     trace,
     config: RematConfig,
     *,
     adapter_for: Callable,
     finalize: Callable,
+    saved_set_planned: bool = False,
 ) -> PairPassResult:
     """Run the pass on ``trace``.
 
     ``adapter_for(executor)`` gives the executor adapter (``can_fuse``, ``reemit``);
     ``finalize(trace, bsyms)`` builds the output trace (dead-code elimination included).
+    ``saved_set_planned``: the whole-graph pass chose what the forward saves for this trace;
+    pairs from a forward region into a backward region are then left as they are, so that the
+    forward hands the backward exactly the plan's values.
     """
     start = time.perf_counter()
     bsyms = list(trace.bound_symbols)
@@ -144,6 +154,9 @@ def rematerialize_fusion_pairs(
         if not any(o.name in consumer_reads for o in producer.flat_proxy_outs):
             continue
         name = f"{producer.sym.name} -> {consumer.sym.name}"
+        if saved_set_planned and not is_backward_region(producer) and is_backward_region(consumer):
+            result.pairs.append(PairRecord(producer.sym.name, consumer.sym.name, SAVED_SET_PLANNED))
+            continue
         try:
             external = {o.name for o in producer.flat_proxy_outs if readers.get(o.name, set()) - {pi, ci}}
             same = producer.sym.executor is consumer.sym.executor
@@ -160,7 +173,8 @@ def rematerialize_fusion_pairs(
                 policies=config.policies,
             )
             pair_network, cut, plan = solve_pair(problem)
-            rewritten = rewrite_pair(producer, consumer, plan, external_outputs=external, pinned=problem.pinned)
+            rewritten = rewrite_pair(producer, consumer, plan, external_outputs=external, pinned=problem.pinned,
+                                     crossing_bytes=problem.crossing_bytes)
         except Exception as exc:  # containment: a pair we cannot handle keeps Thunder's regions
             warnings.warn(f"thunder_remat: left fusion pair {name} untouched: {type(exc).__name__}: {exc}")
             result.pairs.append(PairRecord(producer.sym.name, consumer.sym.name, f"failed: {exc}"))

@@ -8,15 +8,19 @@ This is the only stage of the whole-graph pass that reads bound symbols.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from thunder.core import prims
-from thunder.core.proxies import ProxyTag
-from thunder.core.symbol import BoundSymbolTag
+from thunder.core.proxies import ProxyTag, TensorProxy
+from thunder.core.pytree import tree_flatten
+from thunder.core.symbol import BoundSymbolTag, has_tags
 
 from thunder_remat.cost import op_flops, value_bytes
 from thunder_remat.policies import Judgement, OpFacts, judge_op
 from thunder_remat.save_problem import ForwardOp, ForwardValue, SaveProblem
+from thunder_remat.storage import StorageMap, storage_map
 
-__all__ = ["is_joint_trace", "split_joint", "build_save_problem"]
+__all__ = ["is_joint_trace", "split_joint", "ThunderSplit", "thunder_split", "forward_storages", "build_save_problem"]
 
 _COLLECTIVE_NAMES = frozenset({"all_gather", "all_reduce", "reduce_scatter", "broadcast", "wait", "synchronize",
                                "pack_for_fsdp", "unpack_for_fsdp", "update_bucket_view"})
@@ -31,6 +35,11 @@ def collective_name(bsym) -> str | None:
 
 def is_backward(bsym) -> bool:
     return BoundSymbolTag.BACKWARD in bsym.tags
+
+
+def is_backward_region(bsym) -> bool:
+    """A backward op, or a fusion region made of backward ops (regions carry no tag themselves)."""
+    return is_backward(bsym) or (bsym.sym.is_fusion and any(is_backward(sub) for sub in bsym.subsymbols))
 
 
 def reads_forward_values(bsym) -> bool:
@@ -62,6 +71,75 @@ def split_joint(trace):
         else:
             forward.append((i, bsym))
     return forward, backward, inputs
+
+
+@dataclass(frozen=True)
+class ThunderSplit:
+    """What Thunder's forward/backward split makes of a joint trace."""
+
+    #: positions of the bound symbols that run in the forward
+    forward: frozenset[int]
+    #: tensor values the forward saves for the backward, in the order the backward reads them
+    saved: tuple[str, ...]
+
+
+def thunder_split(trace) -> ThunderSplit:
+    """The forward part and the saved values of ``trace`` as Thunder 0.2.6 splits it.
+
+    Mirrors ``thunder.transforms.autodiff.split_into_forward_and_backward`` after Thunder's
+    dead-code elimination (jit runs it on the joint trace first): walking back from the forward's
+    outputs, a bound symbol runs in the forward if it produces something the forward needs, and
+    everything else runs in the backward, forward ops the forward does not need included. The
+    backward's reads of forward values are what is saved.
+    """
+    bsyms = trace.bound_symbols
+    ret = bsyms[-1].args[0]
+    needed = {p.name for p in tree_flatten(bsyms[-1].args)[0] if hasattr(p, "name")}
+    live = []
+    for i in range(len(bsyms) - 2, -1, -1):
+        bsym = bsyms[i]
+        if has_tags(bsym, {prims.OpTags.DONT_DCE}) or any(p.name in needed for p in bsym.flat_proxy_outs):
+            live.append(i)
+            needed.update(p.name for p in bsym.flat_proxy_args)
+    forward_names = {p.name for p in tree_flatten(ret["fw_flat_out"])[0] if hasattr(p, "name")}
+    forward_names.update(p.name for p in ret["flat_args"] if hasattr(p, "name"))
+    forward, backward = set(), []
+    for i in live:  # last first
+        bsym = bsyms[i]
+        if bsym.sym.id == prims.PrimIDs.GET_GRAD:
+            continue
+        reads = {p.name for p in bsym.flat_proxy_args}
+        if bsym.sym.id == prims.PrimIDs.UNPACK_TRIVIAL or any(p.name in forward_names for p in bsym.flat_proxy_outs):
+            forward.add(i)
+            forward_names.update(reads)
+            forward_names.update(p.name for p in bsym.flat_proxy_outs)
+        elif bsym.sym.name == "copy_" and len(bsym.args) > 1 and getattr(bsym.args[1], "name", None) in forward_names:
+            forward.add(i)
+            forward_names.update(reads)
+        else:
+            backward.append(i)
+    saved = {}
+    for i in reversed(backward):
+        for p in bsyms[i].flat_proxy_args:
+            if isinstance(p, TensorProxy) and p.name in forward_names:
+                saved.setdefault(p.name, None)
+    return ThunderSplit(frozenset(forward), tuple(saved))
+
+
+def forward_storages(trace, *, with_backward: bool = False) -> StorageMap:
+    """Storage owners of the forward values of a joint trace (inputs held); ``with_backward``:
+    of the backward's values too."""
+    forward, backward, inputs = split_joint(trace)
+    held = {}
+    for bsym in trace.bound_symbols[:-1]:
+        for p in bsym.flat_proxy_outs:
+            if p.name in inputs:
+                held.setdefault(p.name, p)
+    for p in trace.bound_symbols[-1].args[0]["flat_args"]:
+        if hasattr(p, "name"):
+            held.setdefault(p.name, p)
+    ops = sorted(forward + backward, key=lambda item: item[0]) if with_backward else forward
+    return storage_map([bsym for _, bsym in ops], held.values())
 
 
 def tag_names(bsym) -> frozenset[str]:
@@ -98,6 +176,7 @@ def _source(bsym) -> str:
 
 
 REGATHER = "ZeRO-3: the sharded parameter is re-gathered in the backward"
+MOVED_BY_SPLIT = "not needed by the forward's outputs: Thunder's split runs it in the backward"
 
 
 def _regathered(forward, inputs) -> set[int]:
@@ -126,15 +205,23 @@ def build_save_problem(trace, policies, *, regather_params: bool = False) -> Sav
     proxies = {}
     constants: set[str] = set()
 
+    storages = forward_storages(trace)
+    split = thunder_split(trace)
+    in_forward = split.forward
+
     def add_value(p, is_input: bool) -> None:
         if p.name not in problem.values:
             proxies[p.name] = p
+            owner = storages.owner_of(p.name)
             problem.values[p.name] = ForwardValue(
                 name=p.name,
                 nbytes=value_bytes(p),
                 is_input=is_input,
                 shape=tuple(getattr(p, "shape", ()) or ()),
                 dtype=str(getattr(p, "dtype", "")),
+                owner=owner,
+                storage_bytes=0 if owner in storages.held else storages.owner_bytes.get(owner, value_bytes(p)),
+                maybe_view=p.name in storages.maybe_view and not is_input,
             )
 
     for bsym in trace.bound_symbols[:-1]:
@@ -157,6 +244,10 @@ def build_save_problem(trace, policies, *, regather_params: bool = False) -> Sav
         judgement = judge_op(op_facts(bsym, names, outs, reads), policies)
         if i in regather:
             judgement = Judgement(recompute=True, reasons=(REGATHER,))
+        elif i not in in_forward and judgement.hard is None:
+            # Thunder's split runs a forward op the forward outputs do not need in the backward,
+            # whatever the plan: its outputs are never saved.
+            judgement = Judgement(recompute=True, reasons=(MOVED_BY_SPLIT,))
         # An op fed by nothing but constants (arange, a causal mask from it) makes a constant:
         # Thunder's forward/backward split recomputes those in the backward whatever the plan says,
         # so the plan prices them at nothing and never counts them as saved.
@@ -186,4 +277,5 @@ def build_save_problem(trace, policies, *, regather_params: bool = False) -> Sav
             if p.name in problem.values:
                 needed.setdefault(p.name, None)
     problem.needed_by_backward = tuple(needed)
+    problem.saved_by_thunder = tuple(n for n in split.saved if n in problem.values)
     return problem

@@ -1,6 +1,7 @@
 """Measuring memory in real runs.
 
-* what a forward saves for backward (``torch.autograd.graph.saved_tensors_hooks``);
+* what a forward saves for backward (``torch.autograd.graph.saved_tensors_hooks``), in storage
+  bytes;
 * the peak of tensor memory allocated during a step (a ``TorchDispatchMode`` that follows every
   tensor an op returns until it is freed), on any device, CPU included.
 """
@@ -19,11 +20,12 @@ __all__ = ["SavedTensors", "saved_for_backward", "StepMemory", "step_peak_memory
 
 @dataclass(frozen=True)
 class SavedTensors:
-    """Distinct tensors autograd kept for backward.
+    """What autograd kept for backward, in storages: a saved view holds its whole base.
 
-    ``count``/``nbytes`` cover everything saved; ``activation_count``/``activation_bytes`` leave
-    out tensors that share storage with the call's arguments or the module's parameters and
-    buffers, which are held in memory whether or not they are saved.
+    ``count`` is the number of distinct tensors saved; ``nbytes`` the bytes of the distinct
+    storages they keep alive. ``activation_count``/``activation_bytes`` leave out storages shared
+    with the call's arguments or the module's parameters and buffers, which are held in memory
+    whether or not they are saved.
     """
 
     count: int
@@ -47,22 +49,21 @@ def _held_storages(fn, args, kwargs) -> set[int]:
 
 
 def saved_for_backward(fn, *args, **kwargs) -> tuple[object, SavedTensors]:
-    """Run ``fn`` and report the distinct tensors autograd kept for backward.
-
-    A tensor packed twice (same storage, offset, shape and strides) is counted once.
-    """
-    seen: dict[tuple, int] = {}
+    """Run ``fn`` and report the distinct tensors autograd kept for backward and their storages."""
+    tensors: set[tuple] = set()
+    storages: dict[int, int] = {}
 
     def pack(t: torch.Tensor):
-        key = (t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape), tuple(t.stride()), t.dtype)
-        seen.setdefault(key, t.numel() * t.element_size())
+        storage = t.untyped_storage()
+        tensors.add((storage.data_ptr(), t.storage_offset(), tuple(t.shape), tuple(t.stride()), t.dtype))
+        storages.setdefault(storage.data_ptr(), storage.nbytes())
         return t
 
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
         out = fn(*args, **kwargs)
     held = _held_storages(fn, args, kwargs)
-    activations = [n for key, n in seen.items() if key[0] not in held]
-    return out, SavedTensors(len(seen), sum(seen.values()), len(activations), sum(activations))
+    activations = [n for ptr, n in storages.items() if ptr not in held]
+    return out, SavedTensors(len(tensors), sum(storages.values()), len(activations), sum(activations))
 
 
 @dataclass(frozen=True)

@@ -7,13 +7,14 @@ names and byte counts.
 from __future__ import annotations
 
 from collections.abc import Callable, Collection
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from thunder.core.prims import OpTags
 
 from thunder_remat.cost import value_bytes
 from thunder_remat.joint_analysis import collective_name, op_facts
 from thunder_remat.policies import judge_op
+from thunder_remat.storage import storage_map
 
 __all__ = ["PairProblem", "build_pair_problem", "KEEP_IN_PRODUCER_TAGS", "TagCache"]
 
@@ -70,6 +71,16 @@ class PairProblem:
     #: producer outputs the consumer reads today
     needed: tuple[str, ...]
     producer_input_discount: float = 0.5
+    #: values an op may return as a view of one of its inputs -> the value owning the storage
+    #: they share (best guess): such a value does not cross, its base does (see value_capacity)
+    views: dict = field(default_factory=dict)
+    #: value -> (owner of its storage, that storage's bytes), for every value
+    storage: dict = field(default_factory=dict)
+
+    def crossing_bytes(self, names) -> int:
+        """Bytes of the distinct storages that handing ``names`` over keeps alive."""
+        owners = dict(self.storage[n] for n in names if n in self.storage)
+        return sum(owners.values())
 
 
 def build_pair_problem(
@@ -98,6 +109,7 @@ def build_pair_problem(
     for proxy in producer.flat_proxy_args:
         add(proxy)
     producer_inputs = frozenset(names)
+    storages = storage_map(producer.subsymbols, producer.flat_proxy_args)
 
     pinned: dict[str, str] = {}
     ops = []
@@ -135,6 +147,9 @@ def build_pair_problem(
         frozen=frozen,
         needed=needed,
         producer_input_discount=producer_input_discount,
+        views={n: storages.owner_of(n) for n in names if n in storages.maybe_view},
+        storage={n: (storages.owner_of(n), storages.owner_bytes.get(storages.owner_of(n), size))
+                 for n, size in zip(names, sizes)},
     )
 
 

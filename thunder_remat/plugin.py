@@ -29,7 +29,8 @@ from thunder_remat.fusion_pairs import PairPassResult, rematerialize_fusion_pair
 from thunder_remat.verify import verify
 from thunder_remat.whole_graph import SavePassResult, plan_saved_values
 
-__all__ = ["RematFusionExecutor", "RematTransform", "Remat", "resolve_config", "last_pair_pass", "last_save_plan"]
+__all__ = ["RematFusionExecutor", "RematTransform", "Remat", "resolve_config", "last_pair_pass", "last_save_plan",
+           "last_joint_trace"]
 
 EXECUTOR_NAME = "thunder_remat"
 
@@ -40,11 +41,14 @@ class RematFusionExecutor(FusionExecutor):
     def __init__(self, config: RematConfig | None = None) -> None:
         super().__init__(EXECUTOR_NAME)
         self.config = config if config is not None else RematConfig()
+        #: the whole-graph pass chose what the forward saves in this compilation (set by it)
+        self.saved_set_planned = False
 
     def fusion_pass(self, trace):
         if not (self.config.enabled and self.config.fusion_pairs):
             return trace
-        result = rematerialize_fusion_pairs(trace, self.config, adapter_for=adapter_for, finalize=_finalize)
+        result = rematerialize_fusion_pairs(trace, self.config, adapter_for=adapter_for, finalize=_finalize,
+                                            saved_set_planned=self.saved_set_planned)
         if self.config.verify and result.trace is not trace:
             problems = verify(trace, result.trace)
             if problems:
@@ -65,6 +69,9 @@ def plan_joint_trace(trace, executor: RematFusionExecutor):
     from thunder_remat.executors.fsdp import zero3_active
 
     config = executor.config
+    cd = get_compile_data()
+    if cd is not None:
+        cd._thunder_remat_joint_trace = trace
     zero3 = zero3_active()
     if zero3 and config.enabled and config.fsdp_regather and not config.whole_graph:
         raise ValueError(
@@ -75,8 +82,8 @@ def plan_joint_trace(trace, executor: RematFusionExecutor):
     if not (config.enabled and config.whole_graph):
         return trace
     result = plan_saved_values(trace, config, zero3=zero3)
+    executor.saved_set_planned = result.failed is None
     record_provenance(result.provenance())
-    cd = get_compile_data()
     if cd is not None:
         cd._thunder_remat_save_result = result
     return result.trace
@@ -151,3 +158,11 @@ def last_save_plan(jitted) -> SavePassResult | None:
     import thunder
 
     return getattr(thunder.compile_data(jitted), "_thunder_remat_save_result", None)
+
+
+def last_joint_trace(jitted):
+    """The joint forward+backward trace Thunder made in the latest compilation of ``jitted``, as
+    thunder_remat first saw it (before any pass; None if thunder_remat was off)."""
+    import thunder
+
+    return getattr(thunder.compile_data(jitted), "_thunder_remat_joint_trace", None)

@@ -1,7 +1,8 @@
 """``thunder_remat.explain(jm)``: what the forward saves for backward, how many bytes, and why.
 
 The saved values are read from the forward trace Thunder will run (``thunder.last_traces(jm)[-1]``
-returns them as its second output), so the report's totals are what a real forward keeps. Each is
+returns them as its second output), and counted in storages (a saved view keeps its base alive;
+``thunder_remat.storage``), so the report's totals are what a real forward keeps. Each is
 explained from the whole-graph plan and the fusion-pair records of the same compilation.
 """
 
@@ -17,12 +18,17 @@ class SavedValue:
     name: str
     shape: tuple
     dtype: str
+    #: numel x itemsize of the value itself
     nbytes: int
     #: counted in the activation totals (False for inputs and parameters, which are held anyway)
     activation: bool
     op: str
     source: str
     reason: str
+    #: the value owning the storage this one keeps alive (its own name unless it is a view)
+    storage: str = ""
+    #: bytes of that storage
+    storage_bytes: int = 0
 
 
 @dataclass(frozen=True)
@@ -38,7 +44,8 @@ class RecomputedValue:
 class RematReport:
     saved: list[SavedValue] = field(default_factory=list)
     recomputed: list[RecomputedValue] = field(default_factory=list)
-    #: activation bytes the backward would read without thunder_remat (the joint trace's plan)
+    #: storage bytes of the activations Thunder's own forward/backward split of the same joint
+    #: trace saves (without thunder_remat)
     activation_bytes_before: int | None = None
     budget: str = ""
     budget_feasible: bool = True
@@ -53,17 +60,24 @@ class RematReport:
 
     @property
     def activation_bytes(self) -> int:
-        return sum(v.nbytes for v in self.saved if v.activation)
+        """Storage bytes the saved activations keep alive (each storage once)."""
+        return sum(dict((v.storage, v.storage_bytes) for v in self.saved if v.activation).values())
+
+    @property
+    def activation_storages(self) -> int:
+        return len({v.storage for v in self.saved if v.activation})
 
     @property
     def saved_bytes(self) -> int:
-        return sum(v.nbytes for v in self.saved)
+        """Storage bytes of everything saved, inputs and parameters included."""
+        return sum(dict((v.storage, v.storage_bytes) for v in self.saved).values())
 
     def to_dict(self) -> dict:
         return {
             "saved": [asdict(v) for v in self.saved],
             "recomputed": [asdict(v) for v in self.recomputed],
             "activation_bytes": self.activation_bytes,
+            "activation_storages": self.activation_storages,
             "activation_bytes_before": self.activation_bytes_before,
             "saved_bytes": self.saved_bytes,
             "budget": self.budget,
@@ -80,8 +94,9 @@ class RematReport:
         if self.budget:
             lines.append(f"  budget: {self.budget}{'' if self.budget_feasible else ' (infeasible: smallest plan used)'}")
         before = "?" if self.activation_bytes_before is None else f"{self.activation_bytes_before:,}"
-        lines.append(f"  saved activations: {before} B -> {self.activation_bytes:,} B "
-                     f"({sum(v.activation for v in self.saved)} tensors; {self.saved_bytes:,} B with inputs)")
+        lines.append(f"  activation bytes held for backward: {before} B without thunder_remat -> "
+                     f"{self.activation_bytes:,} B ({sum(v.activation for v in self.saved)} tensors on "
+                     f"{self.activation_storages} storages; {self.saved_bytes:,} B with parameters and inputs)")
         if self.recomputed:
             line = f"  estimated recompute: {self.recompute_cost:.3g} {self.recompute_unit}"
             if self.rewritten_cost > self.recompute_cost:
@@ -94,7 +109,9 @@ class RematReport:
         for v in sorted(self.saved, key=lambda v: (-v.nbytes, v.name)):
             shape = "x".join(str(d) for d in v.shape) or "scalar"
             where = f" at {v.source}" if v.source else ""
-            lines.append(f"    {v.name:<{width}} {shape:>14} {v.dtype:<14} {v.nbytes:>12,} B  {v.op}{where}: {v.reason}")
+            view = f" (a view keeping {v.storage}'s {v.storage_bytes:,} B alive)" if v.storage != v.name else ""
+            lines.append(f"    {v.name:<{width}} {shape:>14} {v.dtype:<14} {v.nbytes:>12,} B  {v.op}{where}: "
+                         f"{v.reason}{view}")
         if self.recomputed:
             lines.append(f"  recomputed ({len(self.recomputed)}):")
             for r in self.recomputed:
@@ -137,7 +154,8 @@ def explain(jitted) -> RematReport:
     from thunder.core.pytree import tree_flatten
 
     from thunder_remat.cost import value_bytes
-    from thunder_remat.plugin import last_pair_pass, last_save_plan
+    from thunder_remat.joint_analysis import forward_storages
+    from thunder_remat.plugin import last_joint_trace, last_pair_pass, last_save_plan
 
     try:
         fw = thunder.last_traces(jitted)[-1]
@@ -172,19 +190,24 @@ def explain(jitted) -> RematReport:
 
     args = {p.name for p in tree_flatten((fw.args, fw.kwargs))[0] if hasattr(p, "name")}
     flat, _ = tree_flatten(fw.output[1] if isinstance(fw.output, tuple) and len(fw.output) > 1 else ())
+    joint = last_joint_trace(jitted)
+    storages = forward_storages(joint) if joint is not None else None
     seen = set()
     for p in flat:
         if not isinstance(p, TensorProxy) or p.name in seen:
             continue
         seen.add(p.name)
-        is_input = p.name in args or (problem is not None and p.name in problem.values and problem.values[p.name].is_input)
+        owner = storages.owner_of(p.name) if storages is not None else p.name
+        is_input = (p.name in args or owner in args or (storages is not None and owner in storages.held)
+                    or (problem is not None and p.name in problem.values and problem.values[p.name].is_input))
         op = producer.get(p.name)
         reason = _reason(p.name, problem, plan, producer, is_input) if problem is not None else (
             "input (held in memory anyway)" if is_input else "read by the backward (whole-graph pass off)")
         report.saved.append(SavedValue(
             name=p.name, shape=tuple(int(d) if isinstance(d, int) else str(d) for d in p.shape),
             dtype=str(p.dtype).replace("thunder.dtypes.", ""), nbytes=value_bytes(p), activation=not is_input,
-            op=op.op if op else "", source=op.source if op else "", reason=reason,
+            op=op.op if op else "", source=op.source if op else "", reason=reason, storage=owner,
+            storage_bytes=storages.owner_bytes.get(owner, value_bytes(p)) if storages is not None else value_bytes(p),
         ))
     if pairs is not None:
         report.times_ms["fusion pairs solve"] = pairs.solve_ms

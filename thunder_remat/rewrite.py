@@ -6,7 +6,7 @@ the consumer gets the producer ops it must recompute, prepended to its body in p
 
 from __future__ import annotations
 
-from collections.abc import Collection
+from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass
 
 from thunder.core.prims import OpTags
@@ -36,8 +36,13 @@ class RewrittenPair:
 _NEVER_DROP = {OpTags.DONT_DCE, OpTags.IN_PLACE, OpTags.RANDOM_OP}
 
 
-def rewrite_pair(producer, consumer, plan: PairPlan, *, external_outputs: Collection[str], pinned: Collection[str]):
-    """Apply ``plan`` to the fusion bound symbols ``producer`` and ``consumer``."""
+def rewrite_pair(producer, consumer, plan: PairPlan, *, external_outputs: Collection[str], pinned: Collection[str],
+                 crossing_bytes: Callable[[Iterable[str]], int] | None = None):
+    """Apply ``plan`` to the fusion bound symbols ``producer`` and ``consumer``.
+
+    ``crossing_bytes(names)``: the storage bytes handing ``names`` over keeps alive (by default
+    each value's own size).
+    """
     proxies = {p.name: p for p in producer.flat_proxy_args}
     defined_by: dict[str, int] = {}
     for i, bsym in enumerate(producer.subsymbols):
@@ -72,8 +77,12 @@ def rewrite_pair(producer, consumer, plan: PairPlan, *, external_outputs: Collec
             recompute_ops.add(op)
             stack.extend(p.name for p in producer.subsymbols[op].flat_proxy_args)
 
+    if crossing_bytes is None:
+        def crossing_bytes(names):
+            return sum(value_bytes(proxies[n]) for n in names)
+
     if not recompute_ops:
-        size = sum(value_bytes(proxies[n]) for n in needed)
+        size = crossing_bytes(needed)
         return RewrittenPair(producer, consumer, size, size, tuple(needed), ())
 
     recomputed_ops = [producer.subsymbols[i] for i in sorted(recompute_ops)]
@@ -91,8 +100,8 @@ def rewrite_pair(producer, consumer, plan: PairPlan, *, external_outputs: Collec
         subsymbols=_live_subsymbols(producer.subsymbols, keep),
     )
 
-    before = sum(value_bytes(proxies[n]) for n in needed)
-    after = sum(value_bytes(proxies[n]) for n in new_inputs) + sum(value_bytes(proxies[n]) for n in needed if n in handed)
+    before = crossing_bytes(needed)
+    after = crossing_bytes([*new_inputs, *(n for n in needed if n in handed)])
     check_region_closed(new_producer)
     check_region_closed(new_consumer)
     return RewrittenPair(

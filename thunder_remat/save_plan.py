@@ -3,12 +3,13 @@
 Plain data in (``SaveProblem``), plain data out (``SavePlan``); no thunder import.
 
 The flow network has two nodes per forward value, ``in`` and ``out``, joined by an edge whose
-capacity is the value's size (saving it costs that many bytes; inputs cost nothing, they are held
-anyway). Each operation links its inputs' ``out`` to its outputs' ``in`` with uncuttable edges.
-The source feeds the ``in`` of every input and of every value whose producer may not be
-recomputed (banned); the ``out`` of every value the backward reads feeds the sink. A minimum cut
-is the cheapest set of values to save: everything between the cut and the backward is
-recomputed there.
+capacity is the storage bytes saving it keeps alive (inputs cost nothing, they are held anyway; a
+view may not be saved at all: its base is saved instead, or the view is made again in the
+backward, which costs nothing). Each operation links its inputs' ``out`` to its outputs' ``in``
+with uncuttable edges. The source feeds the ``in`` of every input and of every value whose
+producer may not be recomputed (banned); the ``out`` of every value the backward reads feeds the
+sink. A minimum cut is the cheapest set of values to save: everything between the cut and the
+backward is recomputed there.
 
 Bans come from policies. *Hard* bans (random without exact replay, in place, collectives, Thunder's
 ``DONT_RECOMPUTE_IN_BACKWARD``) always hold. *Soft* bans (matmuls, small reductions) hold in the
@@ -133,7 +134,7 @@ def _knapsack_plans(problem: SaveProblem, capacities, solver: str) -> list[SaveP
     """One plan per capacity: the soft bans a knapsack keeps within that many bytes of their
     outputs (keeping the most recompute cost), as a min cut."""
     soft = _soft_banned(problem)
-    weights = [float(problem.nbytes(op.outputs)) for op in soft]
+    weights = [float(problem.storage_bytes(op.outputs)) for op in soft]
     values = [op.cost for op in soft]
     plans = []
     for capacity in capacities:
@@ -173,8 +174,10 @@ def build_save_network(problem: SaveProblem, kept_bans: frozenset[int], price: f
             value_edge[name] = add(2 * i, 2 * i + 1, 0.0)
             continue
         banned = op.hard_ban is not None or op.index in kept_bans
-        must_recompute = op.force_recompute and not banned
-        value_edge[name] = add(2 * i, 2 * i + 1, math.inf if must_recompute else float(value.nbytes))
+        # A view is not saved: its base is, or the backward makes it again (for free). Only a
+        # view whose op may not run again is saved, at the bytes of the storage it keeps alive.
+        never_saved = (op.force_recompute or value.maybe_view) and not banned
+        value_edge[name] = add(2 * i, 2 * i + 1, math.inf if never_saved else float(value.held_bytes))
         if banned:
             add(source, 2 * i, math.inf)
         elif price > 0.0 and op.cost > 0.0:
@@ -208,7 +211,7 @@ def plan_from_cut(problem: SaveProblem, net: SaveNetwork, cut: CutResult, kept_b
     return SavePlan(
         saved=tuple(saved),
         recomputed=tuple(recomputed),
-        saved_bytes=problem.nbytes(saved),
+        saved_bytes=problem.storage_bytes(saved),
         recompute_cost=float(sum(ops[i].cost for i in recomputed)),
         kept_bans=frozenset(kept_bans),
         cut_value=cut.value,
@@ -227,9 +230,9 @@ def recompute_prices(problem: SaveProblem, steps: int = PRICE_STEPS) -> list[flo
     smallest to four times the largest bytes-per-cost ratio of a recomputable op (below the
     smallest, every op is cheaper to recompute than to save; above the largest, none is)."""
     ratios = [
-        problem.nbytes(op.outputs) / op.cost
+        problem.storage_bytes(op.outputs) / op.cost
         for op in problem.ops
-        if op.hard_ban is None and op.cost > 0 and problem.nbytes(op.outputs) > 0
+        if op.hard_ban is None and op.cost > 0 and problem.storage_bytes(op.outputs) > 0
     ]
     if not ratios or steps < 2:
         return []
@@ -245,7 +248,7 @@ def build_frontier(problem: SaveProblem, solver: str = "dp", steps: int = FRONTI
     smallest = plan_with_bans(problem, set())
     plans = {fastest.key: fastest, smallest.key: smallest}
     if soft and fastest.saved_bytes > smallest.saved_bytes:
-        total = sum(problem.nbytes(op.outputs) for op in soft)
+        total = sum(problem.storage_bytes(op.outputs) for op in soft)
         for plan in _knapsack_plans(problem, (total * k / steps for k in range(1, steps)), solver):
             plans.setdefault(plan.key, plan)
         for price in recompute_prices(problem):
@@ -294,7 +297,7 @@ def _fill(problem: SaveProblem, upper: SavePlan, floor_bytes: int, solver: str) 
     ops = {op.index: op for op in problem.ops}
 
     def size(index):
-        return problem.nbytes(ops[index].outputs)
+        return problem.storage_bytes(ops[index].outputs)
 
     def smallest_first(index):
         return (size(index), index)

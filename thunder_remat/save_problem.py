@@ -15,14 +15,32 @@ __all__ = ["ForwardValue", "ForwardOp", "SaveProblem", "with_measured_costs"]
 
 @dataclass(frozen=True)
 class ForwardValue:
-    """A value the forward computes or receives."""
+    """A value the forward computes or receives.
+
+    What saving it costs is the storage it keeps alive (``thunder_remat.storage``): a view keeps
+    its base's, a view of an input nothing beyond the input.
+    """
 
     name: str
+    #: numel x itemsize of the value itself
     nbytes: int
     #: a forward input (argument or parameter): held anyway, so saving it costs nothing extra
     is_input: bool = False
     shape: tuple = ()
     dtype: str = ""
+    #: the value owning the storage this one uses (its own name for a fresh tensor)
+    owner: str = ""
+    #: bytes of that storage that saving this value keeps alive (0 when an input owns it)
+    storage_bytes: int | None = None
+    #: an op may return it as a view of one of its inputs: never saved (unless its op may not
+    #: run again); its base is saved or it is recomputed in the backward, for free
+    maybe_view: bool = False
+
+    @property
+    def held_bytes(self) -> int:
+        if self.is_input:
+            return 0
+        return self.nbytes if self.storage_bytes is None else self.storage_bytes
 
 
 @dataclass(frozen=True)
@@ -59,12 +77,20 @@ class SaveProblem:
     needed_by_backward: tuple[str, ...] = ()
     #: unit of every op's ``cost``: "flops" (estimated from shapes) or "us" (measured microseconds)
     cost_unit: str = "flops"
+    #: forward values Thunder's own forward/backward split saves for this trace (without the pass)
+    saved_by_thunder: tuple[str, ...] = ()
 
     def producer_of(self) -> dict[str, ForwardOp]:
         return {out: op for op in self.ops for out in op.outputs}
 
-    def nbytes(self, names) -> int:
-        return sum(self.values[n].nbytes for n in names if not self.values[n].is_input)
+    def storage_bytes(self, names) -> int:
+        """Bytes of the distinct storages saving ``names`` keeps alive (inputs' left out)."""
+        owners: dict[str, int] = {}
+        for n in names:
+            value = self.values[n]
+            if value.held_bytes:
+                owners.setdefault(value.owner or n, value.held_bytes)
+        return sum(owners.values())
 
 
 def with_measured_costs(problem: SaveProblem, micros: dict[int, float]) -> SaveProblem:
@@ -80,5 +106,4 @@ def with_measured_costs(problem: SaveProblem, micros: dict[int, float]) -> SaveP
         replace(op, cost=float(micros[op.index]) if op.index in micros else op.cost * rate)
         for op in problem.ops
     ]
-    return SaveProblem(values=dict(problem.values), ops=ops, needed_by_backward=problem.needed_by_backward,
-                       cost_unit="us")
+    return replace(problem, values=dict(problem.values), ops=ops, cost_unit="us")

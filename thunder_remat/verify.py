@@ -10,7 +10,9 @@ or raises ``VerificationError`` with ``raise_on_error=True``:
 * no random op (other than exactly replayed ones), collective, device sync or in-place op runs
   more often than before;
 * optionally (``saved=``), the backward reads from the forward only the values in ``saved``, and
-  (``saved_bytes=``) those activations add up to the bytes the plan reports.
+  (``saved_bytes=``) the storages those values keep alive (a view keeps its base's, views of one
+  base count it once, inputs' count nothing) add up to the bytes the plan reports. What the
+  backward reads is what Thunder's forward/backward split of ``after`` saves.
 """
 
 from __future__ import annotations
@@ -20,8 +22,7 @@ from collections import Counter
 from thunder.core.proxies import Proxy
 from thunder.core.pytree import tree_flatten
 
-from thunder_remat.cost import value_bytes
-from thunder_remat.joint_analysis import is_backward, reads_forward_values, split_joint, tag_names
+from thunder_remat.joint_analysis import forward_storages, tag_names, thunder_split
 from thunder_remat.policies import STRUCTURAL_HARD_BANS
 
 __all__ = ["VerificationError", "verify"]
@@ -73,12 +74,34 @@ def _region_problems(region) -> list[str]:
     return problems
 
 
+def _saved_problems(after, saved, saved_bytes) -> list[str]:
+    """What the forward of ``after`` hands to the backward (Thunder's split of it), against the plan:
+    only values in ``saved``, and storages adding up to ``saved_bytes``."""
+    problems = []
+    handed = thunder_split(after).saved
+    if saved is not None:
+        allowed = set(saved)
+        problems += [f"the backward reads {name}, which the plan does not save" for name in handed if name not in allowed]
+    if saved_bytes is not None:
+        storages = forward_storages(after)
+        total = storages.bytes_held(handed)
+        if total != saved_bytes:
+            groups = storages.groups(n for n in handed if storages.owner_of(n) not in storages.held)
+            held = ", ".join(
+                f"{owner} ({storages.owner_bytes.get(owner, 0)} B" + (
+                    f", kept alive by {', '.join(n for n in names if n != owner)})" if names != [owner] else ")")
+                for owner, names in groups.items())
+            problems.append(f"the backward holds {total} B of forward activations, the plan says {saved_bytes} B: "
+                            f"storages {held}")
+    return problems
+
+
 def verify(before, after, *, saved=None, saved_bytes=None, replayed=(), raise_on_error: bool = False) -> list[str]:
     """Problems with ``after`` as a rewrite of ``before`` (both Thunder traces).
 
     ``replayed`` names ops that may run more often (FSDP ZeRO-3 re-gathers: all-gather and wait).
-    ``saved_bytes``: the activation bytes the plan reports; the forward values (not inputs) the
-    backward of ``after`` reads must add up to exactly that.
+    ``saved_bytes``: the activation bytes the plan reports; the storages of the forward values
+    the backward of ``after`` reads (inputs' left out) must add up to exactly that.
     """
     for label, trace in (("before", before), ("after", after)):
         bsyms = getattr(trace, "bound_symbols", None)
@@ -105,32 +128,8 @@ def verify(before, after, *, saved=None, saved_bytes=None, replayed=(), raise_on
             problems.append(f"{op} runs {n} times, {was.get(op, 0)} before: random, in-place or collective ops "
                             "must not be duplicated")
 
-    # forward values by name, for both checks of what the backward reads
-    forward_values = {p.name: p for b in after.bound_symbols if not is_backward(b) for p in b.flat_proxy_outs}
-    if saved_bytes is not None:
-        _, _, inputs = split_joint(after)
-        read = {
-            name
-            for b in after.bound_symbols
-            if is_backward(b) and reads_forward_values(b)
-            for name in _names((b.args, b.kwargs))
-            if name in forward_values and name not in inputs
-        }
-        total = sum(value_bytes(forward_values[n]) for n in read)
-        if total != saved_bytes:
-            problems.append(f"the backward reads {total} B of forward activations, the plan says {saved_bytes} B")
-
-    if saved is not None:
-        allowed = set(saved)
-        produced_in_backward: set[str] = set()
-        for bsym in after.bound_symbols:
-            if not is_backward(bsym):
-                continue
-            if reads_forward_values(bsym):
-                for name in _names((bsym.args, bsym.kwargs)):
-                    if name in forward_values and name not in produced_in_backward and name not in allowed:
-                        problems.append(f"the backward reads {name}, which the plan does not save")
-            produced_in_backward.update(_names(bsym.output))
+    if saved is not None or saved_bytes is not None:
+        problems += _saved_problems(after, saved, saved_bytes)
 
     if problems and raise_on_error:
         raise VerificationError("; ".join(problems))

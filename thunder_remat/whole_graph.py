@@ -66,6 +66,12 @@ class SavePassResult:
         return self.checkpoint_anchors[0] if self.checkpoint_anchors else None
 
     @property
+    def saved_bytes_before(self) -> int:
+        """Storage bytes of the activations Thunder's own forward/backward split of the same joint
+        trace saves: what the forward would hold without this pass."""
+        return self.problem.storage_bytes(self.problem.saved_by_thunder) if self.problem else 0
+
+    @property
     def copies(self) -> int:
         return len(self.copied_ops)
 
@@ -84,10 +90,6 @@ class SavePassResult:
                                        build_frontier(self.problem, self.solver))
         return self.choice.frontier
 
-    @property
-    def saved_bytes_before(self) -> int:
-        """Activation bytes the backward reads from the forward without this pass (Thunder's plan)."""
-        return self.problem.nbytes(self.problem.needed_by_backward) if self.problem else 0
 
     def provenance(self) -> str:
         if self.failed:

@@ -1,0 +1,78 @@
+"""thunder_remat.storage: which values share a storage, checked against what PyTorch really does."""
+
+import pytest
+import thunder
+import torch
+
+import thunder_remat
+from thunder_remat.joint_analysis import forward_storages
+from thunder_remat.models import build_model, example_batch
+
+from helpers import forward_tensors, joint_trace
+
+
+def disagreements(joint, inputs):
+    """Forward values on which the static storage owners and a real run disagree."""
+    storages = forward_storages(joint)
+    tensors = forward_tensors(joint, inputs)
+    known = [n for n in tensors if n in storages.owner]
+    ptr = {n: tensors[n].untyped_storage().data_ptr() for n in known}
+    wrong = []
+    for a in known:
+        for b in known:
+            if a < b and (ptr[a] == ptr[b]) != (storages.owner_of(a) == storages.owner_of(b)):
+                wrong.append((a, b, storages.owner_of(a), storages.owner_of(b)))
+    for n in known:  # the bytes a storage is counted at are the bytes it has
+        owner = storages.owner_of(n)
+        if owner in tensors and ptr[n] == ptr[owner]:
+            assert storages.owner_bytes[owner] == tensors[owner].untyped_storage().nbytes(), n
+    return wrong, len(known)
+
+
+def views(x, w):
+    y = x @ w  # 8 x 12, fresh
+    a, b, c = y.split(4, dim=1)  # views of y
+    t = a.transpose(0, 1)  # a view
+    r = b.reshape(2, 4, 4)  # a view: b's rows are one block each
+    q = t.reshape(16, 2)  # a copy: t is transposed
+    e = y[:1].expand(3, 12)  # a view of a view
+    k = y.contiguous()  # y itself
+    f = y.to(torch.float32)  # y itself
+    g = c.contiguous()  # a copy of a slice
+    h = y.view(2, 4, 12).permute(2, 0, 1).reshape(12, 8)  # a copy
+    p = y.repeat(2, 1)  # a copy
+    return (t * 2, r + 1, q - 1, e * 3, k + f, g, h, p)
+
+
+def test_the_owners_of_views_and_copies_are_those_pytorch_makes():
+    x, w = torch.randn(8, 6, requires_grad=True), torch.randn(6, 12, requires_grad=True)
+    joint, _ = joint_trace(views, (x, w))
+    wrong, checked = disagreements(joint, {"x": x, "w": w})
+    assert checked >= 15 and wrong == []
+
+
+@pytest.mark.parametrize("name", ["gpt", "llama"])
+def test_the_owners_in_a_model_forward_are_those_pytorch_makes(name):
+    model = build_model(name, "tiny")
+    x = example_batch(model)
+    joint, _ = joint_trace(model, (x,))
+    inputs = {"idx": x, **{"t_" + name.replace(".", "_"): p for name, p in model.named_parameters()},
+              **{"t_" + name.replace(".", "_"): b for name, b in model.named_buffers()}}
+    wrong, checked = disagreements(joint, inputs)
+    assert checked > 50 and wrong == []
+
+
+def test_a_recomputed_composite_gets_storages_of_its_own():
+    """A copy of a composite op (softmax here) reuses the names inside its decomposition; its
+    outputs still own new storage, not the forward op's."""
+
+    def f(x, w):
+        return torch.softmax(x, dim=-1) @ w
+
+    x, w = torch.randn(8, 16, requires_grad=True), torch.randn(16, 4, requires_grad=True)
+    _, result = joint_trace(f, (x, w), remat_memory_budget=0.0)
+    storages = forward_storages(result.trace, with_backward=True)
+    copies = [p.name for b in result.trace.bound_symbols for p in b.flat_proxy_outs if p.name.startswith("rc_")]
+    assert copies
+    for name in copies:
+        assert storages.owner_of(name).startswith("rc_"), (name, storages.owner_of(name))

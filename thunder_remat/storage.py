@@ -1,0 +1,281 @@
+"""Which tensor values of a trace share a storage: what a saved value really keeps alive.
+
+The backward holds storages, not values. A view (a slice, a split, a transpose, an expand, a
+reshape of a contiguous tensor) keeps its whole base alive; several views of one base hold that
+base once; a view of a parameter holds nothing beyond the parameter. ``storage_map`` walks bound
+symbols in order and records, for every tensor value, the value that owns its storage (its
+*owner*, itself for a fresh tensor) and each owner's bytes.
+
+Two answers per value, because the runtime decides some cases (``torch.reshape`` and
+``Tensor.contiguous`` return a view when the input's strides allow it, a copy otherwise):
+
+* ``owner``: the best guess, following which values are contiguous (a reshape of a transposed,
+  expanded or sliced tensor copies; of a contiguous one it is a view), used to count bytes;
+* ``maybe_view``: every value an op may return as a view of one of its inputs, whatever the
+  strides. The planners never choose to save such a value: they save what it is a view of, or
+  recompute it in the backward (a view costs nothing to make, a copying reshape one copy), so a
+  saved set is made of fresh tensors whose bytes are exactly their storages'.
+
+Composite ops are read through their decomposition, fusion regions through their bodies: an
+output that is a view of a value inside the op (``q``/``k``/``v`` split from a fused projection
+inside one region) shares that value's storage with the op's other views of it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from thunder.core.prims import PrimIDs
+from thunder.core.proxies import TensorProxy
+
+from thunder_remat.cost import dim_size, value_bytes
+
+__all__ = ["StorageMap", "storage_map"]
+
+#: prims whose output is a view of their first tensor argument (Thunder 0.2.6's torch executor
+#: runs them as torch views, or returns the input itself: shallow_copy, update_aliases)
+_VIEW_PRIMS = frozenset({
+    PrimIDs.BROADCAST_IN_DIM, PrimIDs.RESHAPE, PrimIDs.SQUEEZE, PrimIDs.TRANSPOSE, PrimIDs.UNFOLD,
+    PrimIDs.VIEW, PrimIDs.SHALLOW_COPY, PrimIDs.SLICE, PrimIDs.BITCAST, PrimIDs.UPDATE_ALIASES,
+})
+#: prims that return their input itself when they have nothing to do (same dtype, same device)
+_NOOP_WHEN_SAME = {PrimIDs.CONVERT_ELEMENT_TYPE: "dtype", PrimIDs.DEVICE_PUT: "device"}
+#: ``Tensor.contiguous`` runs as one torch call: the input itself when already contiguous
+_CONTIGUOUS = "torch.Tensor.contiguous"
+
+
+@dataclass(frozen=True)
+class StorageMap:
+    """Storage owners of the tensor values seen in one walk (see the module docstring)."""
+
+    #: tensor value -> the value owning its storage (itself for a fresh tensor); best guess
+    owner: dict
+    #: owner -> bytes of its storage
+    owner_bytes: dict
+    #: values an op may have returned as a view of one of its inputs
+    maybe_view: frozenset
+    #: owners held anyway (forward inputs: arguments, parameters, buffers)
+    held: frozenset
+
+    def owner_of(self, name: str) -> str:
+        return self.owner.get(name, name)
+
+    def is_view(self, name: str) -> bool:
+        return self.owner_of(name) != name
+
+    def bytes_held(self, names: Iterable[str], sizes: dict | None = None) -> int:
+        """Bytes of the distinct storages ``names`` keep alive, leaving out held ones.
+
+        A name the walk never saw counts as its own storage of ``sizes[name]`` bytes (0 if absent).
+        """
+        owners = {}
+        for name in names:
+            root = self.owner.get(name)
+            if root is None:
+                owners.setdefault(name, (sizes or {}).get(name, 0))
+            elif root not in self.held:
+                owners.setdefault(root, self.owner_bytes[root])
+        return sum(owners.values())
+
+    def groups(self, names: Iterable[str]) -> dict[str, list[str]]:
+        """owner -> the given names that share its storage, in the order given."""
+        out: dict[str, list[str]] = {}
+        for name in names:
+            out.setdefault(self.owner_of(name), []).append(name)
+        return out
+
+
+class _Walk:
+    def __init__(self, held) -> None:
+        self.owner: dict[str, str] = {}
+        self.owner_bytes: dict[str, int] = {}
+        #: value -> its owner if every op that can return a view did (the conservative owner)
+        self.loose: dict[str, str] = {}
+        self.strides: dict[str, tuple[int, ...]] = {}  # best guess of each value's strides
+        self.held: set[str] = set()
+        for p in held:
+            if isinstance(p, TensorProxy) and p.name not in self.owner:
+                self._fresh(p)
+                self.held.add(p.name)
+
+    def _fresh(self, p) -> None:
+        self._meet(p.name, p.name, p.name, _contiguous_strides(_sizes(p)))
+        self.owner_bytes[p.name] = value_bytes(p)
+
+    def _meet(self, name: str, owner: str, loose: str, strides) -> None:
+        self.owner[name], self.loose[name], self.strides[name] = owner, loose, strides
+
+    def visit(self, bsym) -> None:
+        outs = [p for p in bsym.flat_proxy_outs if isinstance(p, TensorProxy)]
+        args = [p for p in bsym.flat_proxy_args if isinstance(p, TensorProxy)]
+        for p in args:  # a value from outside the walk (a region's input): its own storage
+            if p.name not in self.owner:
+                self._fresh(p)
+        new = [p for p in outs if p.name not in self.owner]
+        if not new:
+            return
+        base = _view_base(bsym, args)
+        if base is not None:
+            for p in new:
+                strides = _view_strides(bsym, base, self.strides[base.name], p)
+                if strides is None:  # the runtime copies (a reshape of incompatible strides)
+                    self._fresh(p)
+                    self.loose[p.name] = self.loose[base.name]
+                else:
+                    self._meet(p.name, self.owner[base.name], self.loose[base.name], strides)
+            return
+        if bsym.subsymbols:
+            self._through_decomposition(bsym, new)
+            return
+        for p in new:
+            self._fresh(p)
+
+    def _through_decomposition(self, bsym, new) -> None:
+        """Walk the op's body on its own: the names inside a composite are its own (a copy of the
+        op made elsewhere reuses them). An output that is a view of one of the op's inputs is a
+        view; one that is a view of a value made inside the op is fresh from the outside, sharing
+        that value's storage with any other output viewing it."""
+        inner = _Walk(())
+        for p in bsym.flat_proxy_args:
+            if isinstance(p, TensorProxy) and p.name in self.owner:
+                owner = self.owner[p.name]
+                inner._meet(p.name, owner, self.loose[p.name], self.strides[p.name])
+                inner.owner_bytes[owner] = self.owner_bytes[owner]
+        outside = set(inner.owner_bytes)
+        outside_loose = set(inner.loose.values())
+        for sub in bsym.subsymbols:
+            inner.visit(sub)
+        named: dict[str, str] = {}  # owner made inside -> the first output using it
+        for p in new:
+            owner = inner.owner.get(p.name)
+            if owner is None:
+                self._fresh(p)
+                continue
+            strides, loose = inner.strides[p.name], inner.loose[p.name]
+            loose = loose if loose in outside_loose else p.name
+            if owner in outside:
+                self._meet(p.name, owner, loose, strides)
+                continue
+            key = named.setdefault(owner, p.name)
+            self._meet(p.name, key, loose, strides)
+            self.owner_bytes.setdefault(key, inner.owner_bytes[owner])
+
+
+def _view_base(bsym, args):
+    """The argument whose storage the op's outputs share (when the runtime makes a view), or None."""
+    sid = bsym.sym.id
+    if not args:
+        return None
+    if sid in _VIEW_PRIMS or sid == _CONTIGUOUS:
+        return args[0]
+    if sid == PrimIDs.COPY_:  # copy_(source, destination) returns the destination
+        return args[1] if len(args) > 1 else None
+    if sid in _NOOP_WHEN_SAME:
+        attr = _NOOP_WHEN_SAME[sid]
+        out = next(p for p in bsym.flat_proxy_outs if isinstance(p, TensorProxy))
+        return args[0] if getattr(out, attr, None) == getattr(args[0], attr, None) else None
+    return None
+
+
+def _sizes(p) -> tuple[int, ...]:
+    return tuple(dim_size(d) for d in p.shape)
+
+
+def _contiguous_strides(sizes) -> tuple[int, ...]:
+    strides, step = [], 1
+    for size in reversed(sizes):
+        strides.append(step)
+        step *= max(size, 1)
+    return tuple(reversed(strides))
+
+
+def _is_contiguous(sizes, strides) -> bool:
+    step = 1
+    for size, stride in zip(reversed(sizes), reversed(strides)):
+        if size != 1 and stride != step:
+            return False
+        step *= size
+    return True
+
+
+def _view_strides(bsym, base, strides, out) -> tuple[int, ...] | None:
+    """Strides of the view ``out`` of ``base`` (whose strides are ``strides``), or None when the
+    runtime copies instead. A best guess where the decomposition leaves arguments unread."""
+    sid, sizes, new = bsym.sym.id, _sizes(base), _sizes(out)
+    try:
+        if sid == PrimIDs.TRANSPOSE:
+            perm = bsym.args[1] if len(bsym.args) > 1 else bsym.kwargs["permutation"]
+            return tuple(strides[d] for d in perm)
+        if sid == PrimIDs.BROADCAST_IN_DIM:
+            dims = bsym.args[2] if len(bsym.args) > 2 else bsym.kwargs["broadcast_dimensions"]
+            result = [0] * len(new)
+            for i, d in enumerate(dims):
+                result[d] = strides[i] if sizes[i] == new[d] else 0
+            return tuple(result)
+        if sid == PrimIDs.SLICE:
+            steps = bsym.args[3] if len(bsym.args) > 3 else bsym.kwargs.get("strides")
+            return tuple(st * (step or 1) for st, step in zip(strides, steps or [1] * len(strides)))
+        if sid == PrimIDs.SQUEEZE:
+            dims = bsym.args[1] if len(bsym.args) > 1 else bsym.kwargs["dims"]
+            drop = {d % len(sizes) for d in dims}
+            return tuple(st for i, st in enumerate(strides) if i not in drop)
+        if sid == PrimIDs.UNFOLD:
+            dim, _, step = (bsym.args[1:4] if len(bsym.args) > 3 else
+                            (bsym.kwargs["dim"], bsym.kwargs["size"], bsym.kwargs["step"]))
+            return (*strides[:dim], strides[dim] * step, *strides[dim + 1:], strides[dim])
+        if sid in (PrimIDs.RESHAPE, PrimIDs.VIEW):
+            return _reshape_strides(sizes, strides, new)
+        if sid == _CONTIGUOUS:
+            return strides if _is_contiguous(sizes, strides) else None
+    except (IndexError, KeyError, TypeError):
+        return _contiguous_strides(new)
+    return strides if len(strides) == len(new) else _contiguous_strides(new)
+
+
+def _reshape_strides(sizes, strides, new) -> tuple[int, ...] | None:
+    """The strides a reshape to ``new`` can keep as a view, or None if it must copy.
+
+    Dimensions of size 1 aside, the input splits into blocks of dimensions laid out one after
+    another in memory; a view is possible when the new dimensions split every block exactly.
+    """
+    if 0 in sizes:
+        return _contiguous_strides(new)
+    blocks = []  # (elements, stride of the block's innermost dimension), innermost block first
+    for size, stride in zip(reversed(sizes), reversed(strides)):
+        if size == 1:
+            continue
+        if blocks and stride == blocks[-1][1] * blocks[-1][0]:
+            blocks[-1] = (blocks[-1][0] * size, blocks[-1][1])
+        else:
+            blocks.append((size, stride))
+    result = [0] * len(new)
+    dims = [i for i in reversed(range(len(new))) if new[i] != 1]
+    k = 0
+    for elements, stride in blocks:
+        while elements > 1:
+            if k == len(dims) or elements % new[dims[k]]:
+                return None
+            result[dims[k]] = stride
+            stride *= new[dims[k]]
+            elements //= new[dims[k]]
+            k += 1
+    if k != len(dims):
+        return None
+    for i in reversed(range(len(new))):  # size-1 dimensions: any stride; the one torch gives
+        if new[i] == 1:
+            result[i] = result[i + 1] * new[i + 1] if i + 1 < len(new) else 1
+    return tuple(result)
+
+
+def storage_map(bsyms, held=()) -> StorageMap:
+    """The storage owners of every tensor the bound symbols ``bsyms`` produce, in order.
+
+    ``held``: proxies that exist before (forward inputs); they own their storage and count as
+    held. Fusion regions and composite ops are read through their bodies.
+    """
+    walk = _Walk(held)
+    for bsym in bsyms:
+        walk.visit(bsym)
+    maybe_view = frozenset(name for name, loose in walk.loose.items() if loose != name)
+    return StorageMap(walk.owner, walk.owner_bytes, maybe_view, frozenset(walk.held))
