@@ -56,6 +56,8 @@ def main(argv=None) -> int:
         fuzz()
     except Exception as exc:
         print(f"FAILED after {counts['passed']} passing programs: {type(exc).__name__}: {exc}", flush=True)
+        for note in getattr(exc, "__notes__", ()):  # hypothesis names the failing program here
+            print(note, flush=True)
         return 1
     print(f"done: {counts['passed']} programs passed, {counts['run'] - counts['passed']} rejected, "
           f"executor {args.executor}, budget {args.budget}, seed {args.seed}, {time.perf_counter() - start:.0f} s")

@@ -121,7 +121,8 @@ def run(program: Program, executor, seed: int = 7, **options) -> Outcome:
 
 def check(program: Program, executor, budget=1.0) -> None:
     """Outputs and gradients equal to the run without thunder_remat; no thunder_remat warning (so every
-    rewrite passed verification); at budget 1.0, no more activation bytes than Thunder's own pass.
+    rewrite passed verification); the activation storages really saved equal the plan's bytes; at
+    budget 1.0, no more activation bytes than Thunder's own pass.
     Programs Thunder 0.2.6 itself cannot run (without thunder_remat) are rejected, not counted."""
     try:
         base = run(program, executor)
@@ -139,5 +140,7 @@ def check(program: Program, executor, budget=1.0) -> None:
             torch.testing.assert_close(g, g0, atol=atol, rtol=rtol)
     plan = thunder_remat.last_save_plan(ours.jitted)
     assert plan is not None and plan.failed is None, plan and plan.failed
+    # the storages the forward really hands to the backward are the bytes the plan promised
+    assert ours.saved.activation_bytes == plan.choice.plan.saved_bytes, (ours.saved, plan.choice.plan.saved_bytes)
     if budget == 1.0:
         assert ours.saved.activation_bytes <= base.saved.activation_bytes, (ours.saved, base.saved)

@@ -81,6 +81,9 @@ class ThunderSplit:
     forward: frozenset[int]
     #: tensor values the forward saves for the backward, in the order the backward reads them
     saved: tuple[str, ...]
+    #: saved values that ops of the forward read, which the split runs in the backward because
+    #: the forward's outputs do not need them (an in-place update of a dead copy, say)
+    read_by_moved: frozenset[str] = frozenset()
 
 
 def thunder_split(trace) -> ThunderSplit:
@@ -118,12 +121,14 @@ def thunder_split(trace) -> ThunderSplit:
             forward_names.update(reads)
         else:
             backward.append(i)
-    saved = {}
+    saved, moved = {}, set()
     for i in reversed(backward):
         for p in bsyms[i].flat_proxy_args:
             if isinstance(p, TensorProxy) and p.name in forward_names:
                 saved.setdefault(p.name, None)
-    return ThunderSplit(frozenset(forward), tuple(saved))
+                if not is_backward(bsyms[i]):
+                    moved.add(p.name)
+    return ThunderSplit(frozenset(forward), tuple(saved), frozenset(moved))
 
 
 def forward_storages(trace, *, with_backward: bool = False) -> StorageMap:
@@ -276,6 +281,11 @@ def build_save_problem(trace, policies, *, regather_params: bool = False) -> Sav
         for p in bsym.flat_proxy_args:
             if p.name in problem.values:
                 needed.setdefault(p.name, None)
+    # Values that forward ops moved to the backward by the split read: those ops are not
+    # rewritten, so the forward hands these values over whatever the plan.
+    problem.must_save = tuple(n for n in split.saved if n in split.read_by_moved and n in problem.values)
+    for name in problem.must_save:
+        needed.setdefault(name, None)
     problem.needed_by_backward = tuple(needed)
     problem.saved_by_thunder = tuple(n for n in split.saved if n in problem.values)
     return problem

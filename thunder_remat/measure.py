@@ -12,6 +12,7 @@ import weakref
 from dataclasses import dataclass
 
 import torch
+from torch._subclasses.fake_tensor import FakeTensor
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
@@ -54,6 +55,8 @@ def saved_for_backward(fn, *args, **kwargs) -> tuple[object, SavedTensors]:
     storages: dict[int, int] = {}
 
     def pack(t: torch.Tensor):
+        if isinstance(t, FakeTensor):  # Thunder tracing an op by running it on fake tensors
+            return t
         storage = t.untyped_storage()
         tensors.add((storage.data_ptr(), t.storage_offset(), tuple(t.shape), tuple(t.stride()), t.dtype))
         storages.setdefault(storage.data_ptr(), storage.nbytes())

@@ -159,6 +159,7 @@ def build_save_network(problem: SaveProblem, kept_bans: frozenset[int], price: f
     labels[source], labels[sink] = "source", "sink"
 
     producer = problem.producer_of()
+    must_save = set(problem.must_save)
     edges, caps, value_edge = [], [], {}
 
     def add(u, v, c):
@@ -173,12 +174,12 @@ def build_save_network(problem: SaveProblem, kept_bans: frozenset[int], price: f
             add(source, 2 * i, math.inf)
             value_edge[name] = add(2 * i, 2 * i + 1, 0.0)
             continue
-        banned = op.hard_ban is not None or op.index in kept_bans
+        banned = op.hard_ban is not None or op.index in kept_bans or name in must_save
         # A view is not saved: its base is, or the backward makes it again (for free). Only a
         # view whose op may not run again is saved, at the bytes of the storage it keeps alive.
         never_saved = (op.force_recompute or value.maybe_view) and not banned
         value_edge[name] = add(2 * i, 2 * i + 1, math.inf if never_saved else float(value.held_bytes))
-        if banned:
+        if banned:  # available from the forward as it is (a value that must be saved, too)
             add(source, 2 * i, math.inf)
         elif price > 0.0 and op.cost > 0.0:
             first = index[op.outputs[0]]

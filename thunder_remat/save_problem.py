@@ -79,6 +79,9 @@ class SaveProblem:
     cost_unit: str = "flops"
     #: forward values Thunder's own forward/backward split saves for this trace (without the pass)
     saved_by_thunder: tuple[str, ...] = ()
+    #: forward values that are saved whatever the plan (read by forward ops that Thunder's split
+    #: runs in the backward, which the rewrite does not touch)
+    must_save: tuple[str, ...] = ()
 
     def producer_of(self) -> dict[str, ForwardOp]:
         return {out: op for op in self.ops for out in op.outputs}
