@@ -12,7 +12,39 @@ from dataclasses import dataclass
 
 from thunder.core.proxies import variableify
 
-__all__ = ["FusionAdapter", "adapter_for", "register_adapter"]
+__all__ = ["FusionAdapter", "adapter_for", "register_adapter", "cache_info_now", "cache_info_restored"]
+
+
+def cache_info_now():
+    """The cache info of the jit call in progress (``thunder._get_cache_info()`` in 0.2.6: the
+    default dtype and other state a trace was made under), or None outside one."""
+    import thunder
+
+    try:
+        return thunder._get_cache_info()
+    except LookupError:
+        return None
+
+
+class cache_info_restored:
+    """Re-enter a jit call's cache info, so that a region built after the call (on its first
+    run) is lowered as it would have been during it; factory ops read the default dtype there."""
+
+    def __init__(self, info) -> None:
+        self.info, self.token = info, None
+
+    def __enter__(self):
+        import thunder
+
+        if self.info is not None:
+            self.token = thunder._cache_info_ctx.set(self.info)
+        return self
+
+    def __exit__(self, *exc):
+        import thunder
+
+        if self.token is not None:
+            thunder._cache_info_ctx.reset(self.token)
 
 
 @dataclass(frozen=True)

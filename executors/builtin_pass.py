@@ -12,22 +12,37 @@ from __future__ import annotations
 import contextlib
 import contextvars
 
-__all__ = ["remat_active", "activated", "gate_module"]
+__all__ = ["remat_active", "activated", "builds_deferred", "deferring_builds", "gate_module"]
 
 _ACTIVE: contextvars.ContextVar[bool] = contextvars.ContextVar("thunder_remat_active", default=False)
+_DEFER: contextvars.ContextVar[bool] = contextvars.ContextVar("thunder_remat_defer_builds", default=False)
 
 
 def remat_active() -> bool:
     return _ACTIVE.get()
 
 
+def builds_deferred() -> bool:
+    """Region callables are built on first call (thunder_remat is active, or a trace is being
+    fused only to be read, as for the figure of what Thunder alone saves)."""
+    return _ACTIVE.get() or _DEFER.get()
+
+
 @contextlib.contextmanager
-def activated():
-    token = _ACTIVE.set(True)
+def _setting(var):
+    token = var.set(True)
     try:
         yield
     finally:
-        _ACTIVE.reset(token)
+        var.reset(token)
+
+
+def activated():
+    return _setting(_ACTIVE)
+
+
+def deferring_builds():
+    return _setting(_DEFER)
 
 
 def gate_module(module) -> None:

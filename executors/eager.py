@@ -19,14 +19,18 @@ from thunder.executors.torchex import ex as pytorch_ex
 from thunder.executors.torchex import no_autocast
 from thunder.extend import ImplInfo
 
+from thunder_remat.executors.base import cache_info_now, cache_info_restored
+
 __all__ = ["EagerFusionExecutor", "eager_fusion_ex", "make_eager_executor"]
 
 
 class _LazyRegion:
-    """Builds the region's Python callable on first call, so re-emitting a region stays cheap."""
+    """Builds the region's Python callable on first call, so re-emitting a region stays cheap.
+    The build runs under the cache info of the jit call that made the region."""
 
     def __init__(self, bsyms, inputs, outputs) -> None:
         self._parts = (bsyms, inputs, outputs)
+        self._info = cache_info_now()
         self._fn = None
 
     @property
@@ -35,7 +39,8 @@ class _LazyRegion:
 
     def build(self) -> None:
         if self._fn is None:
-            self._fn = _region_callable(*self._parts)
+            with cache_info_restored(self._info):
+                self._fn = _region_callable(*self._parts)
 
     def __call__(self, *args):
         self.build()

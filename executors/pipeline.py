@@ -24,12 +24,14 @@ from thunder.core.compile_data import get_compile_data
 from thunder.core.trace import TraceProvenance
 from thunder.extend import FusionExecutor
 
-from thunder_remat.executors.builtin_pass import activated
+from thunder_remat.executors.builtin_pass import activated, deferring_builds
 from thunder_remat.joint_analysis import is_joint_trace
 
-__all__ = ["install", "record_provenance"]
+__all__ = ["install", "record_provenance", "fuse_as_thunder_alone"]
 
 _ATTR = "_thunder_remat_provenance"
+#: the executors (thunder_remat's own left out) the joint trace of a compilation was fused with
+_EXECUTORS = "_thunder_remat_executors"
 
 
 def record_provenance(line: str) -> None:
@@ -65,6 +67,8 @@ def install(
         if ours is None:
             return original(trace, others, *args, **kwargs)
         if joint:
+            if cd is not None:
+                setattr(cd, _EXECUTORS, others)
             trace = plan_joint_trace(trace, ours)
         if not fusing:
             return original(trace, others, *args, **kwargs)
@@ -90,3 +94,24 @@ def install(
     del_last_used._thunder_remat_pipeline = True
     del_last_used.__wrapped__ = original_del
     _passes.del_last_used = del_last_used
+
+
+def fuse_as_thunder_alone(jitted, joint):
+    """``joint`` (a joint trace of ``jitted``'s latest compilation) fused as Thunder does without
+    thunder_remat: the same executors, Thunder's own fusion-pair rematerialization included.
+    Region callables are not built; the trace is only read (what Thunder alone would save)."""
+    from thunder.core.compile_data import compile_data_and_stats
+
+    cd, cs = thunder.compile_data(jitted), thunder.compile_stats(jitted)
+    executors = getattr(cd, _EXECUTORS, None)
+    if executors is None:
+        raise ValueError("thunder_remat: no joint trace of this function was fused with thunder_remat on")
+    original = _unwrap(thunder.transform_for_execution, "_thunder_remat_pipeline")
+
+    # jit runs this under a cache-info context (some fusion passes read it): a fresh one here
+    @thunder._with_cache_info_ctx
+    def fuse():
+        return original(joint, executors, use_del_last_used=False)[-1]
+
+    with compile_data_and_stats(cd, cs), deferring_builds():
+        return fuse()

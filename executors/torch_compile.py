@@ -20,8 +20,8 @@ import thunder.executors.torch_compile as _tc
 # no public getter for the stats in 0.2.6.
 from thunder.core.compile_data import _compile_data, compile_data_and_stats
 
-from thunder_remat.executors.base import FusionAdapter, register_adapter
-from thunder_remat.executors.builtin_pass import gate_module, remat_active
+from thunder_remat.executors.base import FusionAdapter, cache_info_now, cache_info_restored, register_adapter
+from thunder_remat.executors.builtin_pass import builds_deferred, gate_module
 
 __all__ = ["TorchCompileAdapter", "DeferredRegion", "install"]
 
@@ -33,13 +33,14 @@ class TorchCompileAdapter(FusionAdapter):
 class DeferredRegion:
     """A torch.compile region whose callable is built by ``make_compiled`` on first call.
 
-    The compile data of the compilation that created it is re-entered for the build, so options
-    ``make_compiled`` reads (``torch_compile_fullgraph``) keep their values.
+    The compile data and cache info of the compilation that created it are re-entered for the
+    build, so options ``make_compiled`` reads (``torch_compile_fullgraph``) and the default dtype
+    factory ops read keep their values.
     """
 
     def __init__(self, build, args, kwargs) -> None:
         self._build = build
-        self._parts = (args, kwargs, _compile_data.get())
+        self._parts = (args, kwargs, _compile_data.get(), cache_info_now())
         self._fn = None
         self._lock = threading.Lock()
 
@@ -52,8 +53,8 @@ class DeferredRegion:
         if self._fn is None:
             with self._lock:
                 if self._fn is None:
-                    build_args, build_kwargs, (cd, cs) = self._parts
-                    with compile_data_and_stats(cd, cs):
+                    build_args, build_kwargs, (cd, cs), info = self._parts
+                    with compile_data_and_stats(cd, cs), cache_info_restored(info):
                         self._fn = self._build(*build_args, **build_kwargs)
                     self._parts = None
 
@@ -70,7 +71,7 @@ def _gate_make_compiled(module) -> None:
         return
 
     def make_compiled(*args, **kwargs):
-        if remat_active():
+        if builds_deferred():
             return DeferredRegion(original, args, kwargs)
         return original(*args, **kwargs)
 

@@ -1,6 +1,7 @@
 """The README's main job, end to end on the smallest model; its outputs exist and parse."""
 
 import json
+import re
 
 import pytest
 
@@ -12,7 +13,11 @@ def test_main_job_prints_table_and_writes_outputs(capsys, tmp_path):
     assert main(["--model", "mlp", "--size", "tiny", "--executor", "eager", "--budget", "0.5",
                  "--output-dir", str(out_dir)]) == 0
     captured = capsys.readouterr()
-    assert "bytes saved for backward" in captured.out
+    lines = captured.out.splitlines()
+    first = lines[1]  # under the header: the activation bytes held, Thunder vs thunder_remat and the ratio
+    assert first.startswith("activation bytes held for backward") and re.search(r"\(\d+\.\d\dx\)", first)
+    assert lines[2].strip().startswith("with parameters and inputs")
+    assert any("parameters and inputs are held anyway" in line for line in lines)
     assert "gradients equal to the run without the pass" in captured.out and "yes" in captured.out
     assert "[3/3]" in captured.err
     report = json.loads((out_dir / "report.json").read_text())
@@ -21,6 +26,11 @@ def test_main_job_prints_table_and_writes_outputs(capsys, tmp_path):
     sweep = json.loads((out_dir / "sweep.json").read_text())
     assert [p["budget"] for p in sweep][0] == 1.0 and len(sweep) == 11
     assert (out_dir / "tradeoff.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    from PIL import Image
+
+    plotted = json.loads(Image.open(out_dir / "tradeoff.png").text["Description"])
+    assert plotted[-1]["budget"] == "Thunder without thunder_remat"
+    assert plotted[-1]["saved_bytes"] == report["activation_bytes_before"] > 0
     assert (out_dir / "cut.dot").read_text().startswith("digraph")
     compile((out_dir / "forward_trace.py").read_text(), "forward_trace.py", "exec")
     compile((out_dir / "backward_trace.py").read_text(), "backward_trace.py", "exec")

@@ -83,7 +83,7 @@ def test_saved_views_holding_more_than_the_plan_says_are_caught():
                         f"storages {base} ({8 * 16 * 4} B, kept alive by {view})"]
     # thunder_remat's plan saves the base, never the view, and says so in bytes
     assert result.choice.plan.saved_bytes == 8 * 16 * 4 and view not in result.choice.plan.saved
-    assert result.saved_bytes_before == 8 * 16 * 4
+    assert result.problem.storage_bytes(result.problem.saved_by_thunder) == 8 * 16 * 4
 
 
 def test_changed_outputs_and_unsaved_reads_are_caught():

@@ -9,6 +9,7 @@ import logging
 
 from thunder_remat.config import RematConfig
 from thunder_remat.plugin import Remat, RematFusionExecutor, RematTransform, last_pair_pass, last_save_plan
+from thunder_remat.executors.thunderfx import thunderfx_subgraphs
 from thunder_remat.draw import draw
 from thunder_remat.report import explain
 from thunder_remat.tradeoff import plot_tradeoff, sweep_budgets
@@ -23,6 +24,7 @@ from thunder_remat.policies import (
 
 __all__ = [
     "RematConfig", "Remat", "RematTransform", "RematFusionExecutor", "last_pair_pass", "last_save_plan",
+    "thunderfx_subgraphs",
     "DEFAULT_POLICIES", "NeverRecomputeRandom", "NeverRecomputeMatmul", "KeepSmallReductions",
     "RespectThunderTags", "sweep_budgets", "plot_tradeoff", "explain", "draw", "verify", "VerificationError", "__version__",
 ]

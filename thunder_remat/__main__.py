@@ -4,8 +4,8 @@
     python -m thunder_remat --model llama --size small --executor torchcompile --budget 0.5
     python -m thunder_remat --budget 2MiB --output-dir out/
 
-Prints a before/after table: tensors and bytes saved for backward (measured in a real forward
-with saved_tensors_hooks), what the whole-graph and fusion-pair passes did, pass times, and
+Prints a before/after table led by the activation bytes held for backward (storages, measured in
+a real forward with saved_tensors_hooks), with Thunder's own pass and with thunder_remat, what the whole-graph and fusion-pair passes did, pass times, and
 whether gradients equal the run without the pass (exit status 1 if they do not). Writes to the
 output folder (default ``thunder_remat_out``): ``report.txt`` and ``report.json`` (every saved value
 and why), ``tradeoff.png`` (saved bytes vs estimated recompute over a budget sweep, if matplotlib
@@ -119,7 +119,8 @@ def write_outputs(folder, jm, report) -> list[str]:
         unit = thunder_remat.last_save_plan(jm).problem.cost_unit
         mark = thunder_remat.tradeoff.SweepPoint("chosen", None, chosen.saved_bytes, chosen.recompute_cost, True, unit)
         try:
-            thunder_remat.plot_tradeoff(points, out / "tradeoff.png", chosen=mark)
+            thunder_remat.plot_tradeoff(points, out / "tradeoff.png", chosen=mark,
+                                        thunder_bytes=thunder_remat.plugin.thunder_alone_saved_bytes(jm))
             written.append(str(out / "tradeoff.png"))
         except ImportError as exc:
             log.warning("%s; tradeoff.png not written", exc)
@@ -151,13 +152,16 @@ def main(argv=None) -> int:
 
     same = all(torch.allclose(a, b, atol=1e-5, rtol=1e-4) for a, b in zip(before["grads"], after["grads"]))
     pairs, plan = after["pairs"], after["plan"]
+    held0, held1 = before["saved"].activation_bytes, after["saved"].activation_bytes
+    ratio = f"{held1 / held0:.2f}x" if held0 else "-"
     rows = [
+        ("activation bytes held for backward", f"{held0:,}", f"{held1:,} ({ratio})"),
+        ("  with parameters and inputs", f"{before['saved'].nbytes:,}", f"{after['saved'].nbytes:,}"),
         ("tensors saved for backward", before["saved"].count, after["saved"].count),
-        ("bytes saved for backward", before["saved"].nbytes, after["saved"].nbytes),
-        ("activation bytes saved (not inputs/params)", before["saved"].activation_bytes, after["saved"].activation_bytes),
     ]
     if plan is not None and plan.choice is not None:
         rows += [
+            ("whole-graph: planned activation bytes", "-", f"{plan.choice.plan.saved_bytes:,}"),
             ("whole-graph: forward ops recomputed in backward", "-", len(plan.choice.plan.recomputed)),
             (f"whole-graph: est. recompute ({plan.problem.cost_unit})", "-", f"{plan.choice.plan.recompute_cost:.3g}"),
             ("whole-graph pass time (ms)", "-", f"{plan.analysis_ms + plan.solve_ms + plan.rewrite_ms:.1f}"),
@@ -176,6 +180,8 @@ def main(argv=None) -> int:
     print(f"{'':{width}}  {'Thunder':>14}  {'thunder_remat':>22}")
     for label, b, a in rows:
         print(f"{label:{width}}  {str(b):>14}  {str(a):>22}")
+    print("activation bytes: the storages a real forward keeps for the backward (saved_tensors_hooks), each once; "
+          "parameters and inputs are held anyway and left out, 'with parameters and inputs' counts them too")
     print(f"  [3/3] writing the report, sweep, plot, drawing and traces to {args.output_dir}/ ...", file=sys.stderr)
     written = write_outputs(args.output_dir, after["jitted"], thunder_remat.explain(after["jitted"]))
     print(f"wrote {len(written)} files to {args.output_dir}/: " + ", ".join(p.rsplit("/", 1)[-1] for p in written))

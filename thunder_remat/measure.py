@@ -49,8 +49,13 @@ def _held_storages(fn, args, kwargs) -> set[int]:
     return _storages(tensors)
 
 
-def saved_for_backward(fn, *args, **kwargs) -> tuple[object, SavedTensors]:
-    """Run ``fn`` and report the distinct tensors autograd kept for backward and their storages."""
+def saved_for_backward(fn, *args, held=(), **kwargs) -> tuple[object, SavedTensors]:
+    """Run ``fn`` and report the distinct tensors autograd kept for backward and their storages.
+
+    The call's arguments and ``fn``'s parameters and buffers (when it has them) are held anyway;
+    ``held`` adds tensors that are too (a model's parameters when ``fn`` is a wrapper such as a
+    ``thunderfx`` result).
+    """
     tensors: set[tuple] = set()
     storages: dict[int, int] = {}
 
@@ -64,7 +69,7 @@ def saved_for_backward(fn, *args, **kwargs) -> tuple[object, SavedTensors]:
 
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
         out = fn(*args, **kwargs)
-    held = _held_storages(fn, args, kwargs)
+    held = _held_storages(fn, args, kwargs) | _storages(held)
     activations = [n for ptr, n in storages.items() if ptr not in held]
     return out, SavedTensors(len(tensors), sum(storages.values()), len(activations), sum(activations))
 

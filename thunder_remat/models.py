@@ -12,7 +12,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-__all__ = ["ModelSpec", "MODEL_NAMES", "SIZES", "build_model", "example_batch"]
+__all__ = ["ModelSpec", "MODEL_NAMES", "SIZES", "BUILDERS", "build_model", "example_batch"]
 
 MODEL_NAMES = ("mlp", "gpt", "llama")
 
@@ -157,12 +157,12 @@ class Llama(nn.Module):
         return self.head(self.norm(x))
 
 
-_BUILDERS = {"mlp": MLP, "gpt": GPT, "llama": Llama}
+BUILDERS = {"mlp": MLP, "gpt": GPT, "llama": Llama}
 
 
 def build_model(name: str = "gpt", size: str = "tiny", *, dropout: float | None = None, seed: int = 0) -> nn.Module:
     """A freshly initialised model; the same name, size and seed give the same weights."""
-    if name not in _BUILDERS:
+    if name not in BUILDERS:
         raise ValueError(f"model must be one of {list(MODEL_NAMES)}, got {name!r}")
     if size not in SIZES:
         raise ValueError(f"size must be one of {list(SIZES)}, got {size!r}")
@@ -172,7 +172,7 @@ def build_model(name: str = "gpt", size: str = "tiny", *, dropout: float | None 
             raise ValueError(f"dropout must be in [0, 1), got {dropout!r}")
         spec = ModelSpec(**{**spec.__dict__, "dropout": dropout})
     torch.manual_seed(seed)
-    model = _BUILDERS[name](spec)
+    model = BUILDERS[name](spec)
     model.spec = spec
     return model
 

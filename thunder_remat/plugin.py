@@ -30,7 +30,7 @@ from thunder_remat.verify import verify
 from thunder_remat.whole_graph import SavePassResult, plan_saved_values
 
 __all__ = ["RematFusionExecutor", "RematTransform", "Remat", "resolve_config", "last_pair_pass", "last_save_plan",
-           "last_joint_trace"]
+           "last_joint_trace", "thunder_alone_saved_bytes"]
 
 EXECUTOR_NAME = "thunder_remat"
 
@@ -166,3 +166,25 @@ def last_joint_trace(jitted):
     import thunder
 
     return getattr(thunder.compile_data(jitted), "_thunder_remat_joint_trace", None)
+
+
+def thunder_alone_saved_bytes(jitted) -> int | None:
+    """Activation storage bytes Thunder without thunder_remat saves for the joint trace of
+    ``jitted``'s latest compilation: the same executors fuse it, Thunder's own fusion-pair pass
+    runs, then its forward/backward split (computed once, on first request; None if
+    thunder_remat was off)."""
+    import thunder
+
+    from thunder_remat.executors.pipeline import fuse_as_thunder_alone
+    from thunder_remat.joint_analysis import forward_storages, thunder_split
+
+    cd = thunder.compile_data(jitted)
+    joint = last_joint_trace(jitted)
+    if joint is None:
+        return None
+    cached = getattr(cd, "_thunder_remat_alone", None)
+    if cached is None or cached[0] is not joint:
+        fused = fuse_as_thunder_alone(jitted, joint)
+        cached = (joint, forward_storages(fused, with_backward=True).bytes_held(thunder_split(fused).saved))
+        cd._thunder_remat_alone = cached
+    return cached[1]

@@ -44,8 +44,8 @@ class RecomputedValue:
 class RematReport:
     saved: list[SavedValue] = field(default_factory=list)
     recomputed: list[RecomputedValue] = field(default_factory=list)
-    #: storage bytes of the activations Thunder's own forward/backward split of the same joint
-    #: trace saves (without thunder_remat)
+    #: storage bytes of the activations Thunder without thunder_remat saves for the same joint trace
+    #: (the same executors and Thunder's own fusion-pair pass, then its split)
     activation_bytes_before: int | None = None
     budget: str = ""
     budget_feasible: bool = True
@@ -154,8 +154,8 @@ def explain(jitted) -> RematReport:
     from thunder.core.pytree import tree_flatten
 
     from thunder_remat.cost import value_bytes
-    from thunder_remat.joint_analysis import forward_storages
-    from thunder_remat.plugin import last_joint_trace, last_pair_pass, last_save_plan
+    from thunder_remat.plugin import last_pair_pass, last_save_plan, thunder_alone_saved_bytes
+    from thunder_remat.storage import storage_map
 
     try:
         fw = thunder.last_traces(jitted)[-1]
@@ -169,7 +169,6 @@ def explain(jitted) -> RematReport:
     if save is not None and save.choice is not None:
         problem, plan = save.problem, save.choice.plan
         producer = problem.producer_of()
-        report.activation_bytes_before = save.saved_bytes_before
         report.budget = "none" if save.budget is None else f"{save.budget[0]} {save.budget[1]:g}"
         if save.choice.target_bytes is not None:
             report.budget += f" = {save.choice.target_bytes:,} B"
@@ -190,15 +189,17 @@ def explain(jitted) -> RematReport:
 
     args = {p.name for p in tree_flatten((fw.args, fw.kwargs))[0] if hasattr(p, "name")}
     flat, _ = tree_flatten(fw.output[1] if isinstance(fw.output, tuple) and len(fw.output) > 1 else ())
-    joint = last_joint_trace(jitted)
-    storages = forward_storages(joint) if joint is not None else None
+    # Storages from the forward trace itself: its names are the saved values' (Thunder's torch
+    # executor renames the values of ops it claims, so the joint trace's names may differ)
+    storages = storage_map(fw.bound_symbols, tree_flatten((fw.args, fw.kwargs))[0])
+    report.activation_bytes_before = thunder_alone_saved_bytes(jitted)
     seen = set()
     for p in flat:
         if not isinstance(p, TensorProxy) or p.name in seen:
             continue
         seen.add(p.name)
-        owner = storages.owner_of(p.name) if storages is not None else p.name
-        is_input = (p.name in args or owner in args or (storages is not None and owner in storages.held)
+        owner = storages.owner_of(p.name)
+        is_input = (p.name in args or owner in storages.held
                     or (problem is not None and p.name in problem.values and problem.values[p.name].is_input))
         op = producer.get(p.name)
         reason = _reason(p.name, problem, plan, producer, is_input) if problem is not None else (
@@ -207,7 +208,7 @@ def explain(jitted) -> RematReport:
             name=p.name, shape=tuple(int(d) if isinstance(d, int) else str(d) for d in p.shape),
             dtype=str(p.dtype).replace("thunder.dtypes.", ""), nbytes=value_bytes(p), activation=not is_input,
             op=op.op if op else "", source=op.source if op else "", reason=reason, storage=owner,
-            storage_bytes=storages.owner_bytes.get(owner, value_bytes(p)) if storages is not None else value_bytes(p),
+            storage_bytes=storages.owner_bytes.get(owner, value_bytes(p)),
         ))
     if pairs is not None:
         report.times_ms["fusion pairs solve"] = pairs.solve_ms

@@ -43,6 +43,17 @@ _VIEW_PRIMS = frozenset({
 _NOOP_WHEN_SAME = {PrimIDs.CONVERT_ELEMENT_TYPE: "dtype", PrimIDs.DEVICE_PUT: "device"}
 #: ``Tensor.contiguous`` runs as one torch call: the input itself when already contiguous
 _CONTIGUOUS = "torch.Tensor.contiguous"
+#: Thunder 0.2.6's torch executor runs these prims through symbols of its own that carry no
+#: decomposition (traces after fusion have them outside regions)
+_EXECUTOR_PRIMS = {
+    "torch_prims_reshape_impl": PrimIDs.RESHAPE, "torch_slice_prim_impl": PrimIDs.SLICE,
+    "shallow_copy": PrimIDs.SHALLOW_COPY, "update_aliases": PrimIDs.UPDATE_ALIASES, "bitcast": PrimIDs.BITCAST,
+}
+
+
+def _prim_id(bsym):
+    sid = bsym.sym.id
+    return sid if isinstance(sid, PrimIDs) else _EXECUTOR_PRIMS.get(bsym.sym.name, sid)
 
 
 @dataclass(frozen=True)
@@ -164,7 +175,7 @@ class _Walk:
 
 def _view_base(bsym, args):
     """The argument whose storage the op's outputs share (when the runtime makes a view), or None."""
-    sid = bsym.sym.id
+    sid = _prim_id(bsym)
     if not args:
         return None
     if sid in _VIEW_PRIMS or sid == _CONTIGUOUS:
@@ -202,7 +213,7 @@ def _is_contiguous(sizes, strides) -> bool:
 def _view_strides(bsym, base, strides, out) -> tuple[int, ...] | None:
     """Strides of the view ``out`` of ``base`` (whose strides are ``strides``), or None when the
     runtime copies instead. A best guess where the decomposition leaves arguments unread."""
-    sid, sizes, new = bsym.sym.id, _sizes(base), _sizes(out)
+    sid, sizes, new = _prim_id(bsym), _sizes(base), _sizes(out)
     try:
         if sid == PrimIDs.TRANSPOSE:
             perm = bsym.args[1] if len(bsym.args) > 1 else bsym.kwargs["permutation"]

@@ -56,10 +56,13 @@ def sweep_budgets(source, budgets=DEFAULT_SWEEP) -> list[SweepPoint]:
     return points
 
 
-def plot_tradeoff(points, path, *, chosen: SweepPoint | None = None, title: str = "thunder_remat trade-off"):
+def plot_tradeoff(points, path, *, chosen: SweepPoint | None = None, thunder_bytes: int | None = None,
+                  title: str = "thunder_remat trade-off"):
     """Write a PNG of recompute (x) against saved bytes (y), one labelled point per budget.
 
-    The points are also stored as JSON in the PNG's ``Description`` text chunk.
+    ``thunder_bytes``: the activation bytes Thunder without thunder_remat saves
+    (``thunder_remat.plugin.thunder_alone_saved_bytes(jm)``), drawn as a dashed line. The points
+    are also stored as JSON in the PNG's ``Description`` text chunk.
     """
     try:
         import matplotlib
@@ -80,9 +83,11 @@ def plot_tradeoff(points, path, *, chosen: SweepPoint | None = None, title: str 
     if chosen is not None:
         ax.plot([chosen.recompute_cost], [chosen.saved_bytes], marker="*", markersize=14, color="red",
                 linestyle="none", label=f"chosen ({chosen.budget})")
+    if thunder_bytes is not None:
+        ax.axhline(thunder_bytes, color="gray", linestyle="--", label=f"Thunder without thunder_remat ({thunder_bytes:,} B)")
     unit = {"us": "measured microseconds"}.get(points[0].unit, points[0].unit)
     ax.set_xlabel(f"estimated recompute ({unit})")
-    ax.set_ylabel("saved activation bytes")
+    ax.set_ylabel("saved activation bytes (storages)")
     ax.set_title(title)
     ax.legend()
     fig.tight_layout()
@@ -93,6 +98,8 @@ def plot_tradeoff(points, path, *, chosen: SweepPoint | None = None, title: str 
     if chosen is not None:
         data.append({"budget": f"chosen {chosen.budget}", "saved_bytes": chosen.saved_bytes,
                      "recompute_cost": chosen.recompute_cost, "unit": chosen.unit, "feasible": chosen.feasible})
+    if thunder_bytes is not None:
+        data.append({"budget": "Thunder without thunder_remat", "saved_bytes": thunder_bytes})
     fig.savefig(path, format="png", metadata={"Description": json.dumps(data)})
     plt.close(fig)
     return path

@@ -66,12 +66,6 @@ class SavePassResult:
         return self.checkpoint_anchors[0] if self.checkpoint_anchors else None
 
     @property
-    def saved_bytes_before(self) -> int:
-        """Storage bytes of the activations Thunder's own forward/backward split of the same joint
-        trace saves: what the forward would hold without this pass."""
-        return self.problem.storage_bytes(self.problem.saved_by_thunder) if self.problem else 0
-
-    @property
     def copies(self) -> int:
         return len(self.copied_ops)
 
@@ -103,7 +97,7 @@ class SavePassResult:
         if self.choice.target_bytes is not None:
             text += f" = {self.choice.target_bytes} B"
         text += (
-            f"; saved activation bytes {self.saved_bytes_before} -> {plan.saved_bytes}; "
+            f"; saves {plan.saved_bytes} B of activations (storage bytes); "
             f"{len(plan.recomputed)} forward ops recomputed in backward, est. {plan.recompute_cost:.3g} "
             f"{self.problem.cost_unit}"
         )

@@ -27,11 +27,28 @@ from dataclasses import dataclass
 
 import torch
 
-__all__ = ["ZooModel", "ZOO", "zoo_model", "zoo_names", "available"]
+__all__ = ["ZooShape", "ZOO_SHAPES", "ZooModel", "ZOO", "zoo_model", "zoo_names", "available", "causal_mask",
+           "ZooRun", "run_zoo_model", "eager_gradients", "same_gradients"]
 
-#: batch shape of every language model in the zoo (batch, tokens)
-BATCH, TOKENS = 2, 16
 VOCAB = 128
+
+
+@dataclass(frozen=True)
+class ZooShape:
+    """How big the zoo's models are made: every config is shrunk to this."""
+
+    batch: int
+    tokens: int
+    width: int
+    layers: int = 2
+
+    @property
+    def hidden(self) -> int:
+        return 2 * self.width
+
+
+#: "tiny" for the tests, "small" for the benchmark
+ZOO_SHAPES = {"tiny": ZooShape(batch=2, tokens=8, width=32), "small": ZooShape(batch=2, tokens=16, width=64)}
 
 
 @dataclass(frozen=True)
@@ -43,17 +60,20 @@ class ZooModel:
     family: str
     #: the package it needs (None: none beyond thunder_remat's own)
     requires: str | None
-    build: Callable[[], torch.nn.Module]
+    build: Callable[[ZooShape], torch.nn.Module]
     #: the keyword arguments of one call, made with a seeded generator
-    inputs: Callable[[torch.Generator], dict]
+    inputs: Callable[[ZooShape, torch.Generator], dict]
     #: the model's output -> the tensor a loss is taken of
     output: Callable[[object], torch.Tensor]
 
-    def make(self, seed: int = 0) -> tuple[torch.nn.Module, dict]:
+    def make(self, size: str = "small", seed: int = 0) -> tuple[torch.nn.Module, dict]:
         """The model with seeded random weights, and one batch of inputs for it."""
+        if size not in ZOO_SHAPES:
+            raise ValueError(f"zoo size must be one of {list(ZOO_SHAPES)}, got {size!r}")
+        shape = ZOO_SHAPES[size]
         torch.manual_seed(seed)
-        model = self.build()
-        return model, self.inputs(torch.Generator().manual_seed(seed + 1))
+        model = self.build(shape)
+        return model, self.inputs(shape, torch.Generator().manual_seed(seed + 1))
 
 
 def available(entry: ZooModel) -> bool:
@@ -93,95 +113,118 @@ def _import_litgpt():
     return litgpt.config, litgpt.model
 
 
-def _litgpt(config_name: str, **shrink) -> Callable[[], torch.nn.Module]:
-    def build():
+def _litgpt(config_name: str, query_groups: int | None) -> Callable[[ZooShape], torch.nn.Module]:
+    """A litgpt config shrunk to ``shape``: 4 heads (``query_groups`` key/value groups; None keeps
+    one per head), the config's own block structure, norms, MLP and rotary settings."""
+
+    def build(shape: ZooShape):
         config, model = _import_litgpt()
-        cfg = config.Config.from_name(config_name, n_layer=2, block_size=TOKENS, vocab_size=VOCAB,
-                                      padded_vocab_size=VOCAB, **shrink)
+        heads = 4
+        cfg = config.Config.from_name(
+            config_name, n_layer=shape.layers, n_embd=shape.width, n_head=heads,
+            n_query_groups=query_groups or heads, head_size=shape.width // heads, intermediate_size=shape.hidden,
+            block_size=shape.tokens, vocab_size=VOCAB, padded_vocab_size=VOCAB)
         return model.GPT(cfg)
 
     return build
 
 
-def _tokens(g: torch.Generator) -> torch.Tensor:
-    return torch.randint(0, VOCAB, (BATCH, TOKENS), generator=g)
+def _tokens(shape: ZooShape, g: torch.Generator) -> torch.Tensor:
+    return torch.randint(0, VOCAB, (shape.batch, shape.tokens), generator=g)
 
 
-def causal_mask(batch: int = BATCH, tokens: int = TOKENS, dtype=torch.float32) -> torch.Tensor:
+def causal_mask(batch: int, tokens: int, dtype=torch.float32) -> torch.Tensor:
     """The additive 4-D causal mask (batch, 1, tokens, tokens) a transformers causal LM takes as is."""
     mask = torch.full((tokens, tokens), torch.finfo(dtype).min, dtype=dtype).triu(1)
     return mask[None, None].expand(batch, 1, tokens, tokens).clone()
 
 
-def _hf(model_class: str, config_class: str, **config) -> Callable[[], torch.nn.Module]:
-    def build():
+def _hf(model_class: str, config_class: str, config: Callable[[ZooShape], dict]):
+    def build(shape: ZooShape):
         import transformers
 
-        cfg = getattr(transformers, config_class)(**config)
+        cfg = getattr(transformers, config_class)(**config(shape))
         cfg._attn_implementation = "sdpa"
         return getattr(transformers, model_class)(cfg)
 
     return build
 
 
-_NO_DROPOUT_HF = dict(hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
-_DECODER = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-                num_key_value_heads=2, max_position_embeddings=64)
+def _encoder(shape: ZooShape) -> dict:
+    return dict(hidden_size=shape.width, num_hidden_layers=shape.layers, num_attention_heads=4,
+                intermediate_size=shape.hidden, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
 
 
-def _builtin(name: str, size: str) -> ZooModel:
+def _decoder(shape: ZooShape) -> dict:
+    return dict(vocab_size=VOCAB, hidden_size=shape.width, intermediate_size=shape.hidden,
+                num_hidden_layers=shape.layers, num_attention_heads=4, num_key_value_heads=2,
+                max_position_embeddings=64)
+
+
+def _causal_inputs(shape: ZooShape, g: torch.Generator) -> dict:
+    return {"input_ids": _tokens(shape, g), "attention_mask": causal_mask(shape.batch, shape.tokens),
+            "use_cache": False}
+
+
+def _builtin(name: str) -> ZooModel:
+    """A built-in model (``thunder_remat.models``) at the zoo's width and depth."""
     from thunder_remat import models
 
-    def build():
-        return models.build_model(name, size)
+    def spec(shape: ZooShape) -> models.ModelSpec:
+        return models.ModelSpec(n_layer=shape.layers, n_embd=shape.width, n_head=4, seq_len=shape.tokens,
+                                batch=shape.batch, vocab=VOCAB)
 
-    def inputs(g):
-        spec = models.SIZES[size]
+    def build(shape):
+        model = models.BUILDERS[name](spec(shape))
+        model.spec = spec(shape)
+        return model
+
+    def inputs(shape, g):
         if name == "mlp":
-            return {"x": torch.randn(spec.batch, spec.seq_len, spec.n_embd, generator=g)}
-        return {"idx": torch.randint(0, spec.vocab, (spec.batch, spec.seq_len), generator=g)}
+            return {"x": torch.randn(shape.batch, shape.tokens, shape.width, generator=g)}
+        return {"idx": _tokens(shape, g)}
 
-    return ZooModel(f"built-in {name} ({size})", "built-in", None, build, inputs, lambda out: out)
+    return ZooModel(f"built-in {name}", "built-in", None, build, inputs, lambda out: out)
 
 
 def _logits(out):
     return out.logits if hasattr(out, "logits") else out
 
 
+def _last_hidden(out):
+    return out.last_hidden_state
+
+
 ZOO: tuple[ZooModel, ...] = (
-    ZooModel("litgpt pythia-14m", "litgpt", "litgpt",
-             _litgpt("pythia-14m", n_embd=64, n_head=4, intermediate_size=128),
-             lambda g: {"idx": _tokens(g)}, _logits),
-    ZooModel("litgpt Llama-3.2-1B", "litgpt", "litgpt",
-             _litgpt("Llama-3.2-1B", n_embd=64, n_head=4, n_query_groups=2, head_size=16, intermediate_size=128),
-             lambda g: {"idx": _tokens(g)}, _logits),
-    ZooModel("litgpt phi-2", "litgpt", "litgpt",
-             _litgpt("phi-2", n_embd=64, n_head=4, n_query_groups=4, head_size=16, intermediate_size=128),
-             lambda g: {"idx": _tokens(g)}, _logits),
-    ZooModel("litgpt falcon-7b", "litgpt", "litgpt",
-             _litgpt("falcon-7b", n_embd=64, n_head=4, n_query_groups=1, head_size=16, intermediate_size=128),
-             lambda g: {"idx": _tokens(g)}, _logits),
+    ZooModel("litgpt pythia-14m", "litgpt", "litgpt", _litgpt("pythia-14m", None),
+             lambda shape, g: {"idx": _tokens(shape, g)}, _logits),
+    ZooModel("litgpt Llama-3.2-1B", "litgpt", "litgpt", _litgpt("Llama-3.2-1B", 2),
+             lambda shape, g: {"idx": _tokens(shape, g)}, _logits),
+    ZooModel("litgpt phi-2", "litgpt", "litgpt", _litgpt("phi-2", None),
+             lambda shape, g: {"idx": _tokens(shape, g)}, _logits),
+    ZooModel("litgpt falcon-7b", "litgpt", "litgpt", _litgpt("falcon-7b", 1),
+             lambda shape, g: {"idx": _tokens(shape, g)}, _logits),
     ZooModel("transformers BERT", "transformers", "transformers",
-             _hf("BertModel", "BertConfig", vocab_size=VOCAB, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
-                 intermediate_size=128, max_position_embeddings=64, **_NO_DROPOUT_HF),
-             lambda g: {"input_ids": _tokens(g)}, lambda out: out.last_hidden_state),
+             _hf("BertModel", "BertConfig", lambda shape: dict(vocab_size=VOCAB, max_position_embeddings=64,
+                                                                **_encoder(shape))),
+             lambda shape, g: {"input_ids": _tokens(shape, g)}, _last_hidden),
     ZooModel("transformers ViT", "transformers", "transformers",
-             _hf("ViTModel", "ViTConfig", image_size=16, patch_size=4, num_channels=3, hidden_size=64,
-                 num_hidden_layers=2, num_attention_heads=4, intermediate_size=128, **_NO_DROPOUT_HF),
-             lambda g: {"pixel_values": torch.randn(BATCH, 3, 16, 16, generator=g)}, lambda out: out.last_hidden_state),
+             _hf("ViTModel", "ViTConfig", lambda shape: dict(image_size=16, patch_size=4, num_channels=3,
+                                                              **_encoder(shape))),
+             lambda shape, g: {"pixel_values": torch.randn(shape.batch, 3, 16, 16, generator=g)}, _last_hidden),
     ZooModel("transformers Llama", "transformers", "transformers",
-             _hf("LlamaForCausalLM", "LlamaConfig", **_DECODER),
-             lambda g: {"input_ids": _tokens(g), "attention_mask": causal_mask(), "use_cache": False}, _logits),
+             _hf("LlamaForCausalLM", "LlamaConfig", _decoder), _causal_inputs, _logits),
     ZooModel("transformers GPT-2", "transformers", "transformers",
-             _hf("GPT2LMHeadModel", "GPT2Config", vocab_size=VOCAB, n_embd=64, n_layer=2, n_head=4, n_positions=64,
-                 resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0),
-             lambda g: {"input_ids": _tokens(g), "attention_mask": causal_mask(), "use_cache": False}, _logits),
+             _hf("GPT2LMHeadModel", "GPT2Config", lambda shape: dict(
+                 vocab_size=VOCAB, n_embd=shape.width, n_layer=shape.layers, n_head=4, n_positions=64,
+                 resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)),
+             _causal_inputs, _logits),
     ZooModel("transformers Mistral", "transformers", "transformers",
-             _hf("MistralForCausalLM", "MistralConfig", sliding_window=None, **_DECODER),
-             lambda g: {"input_ids": _tokens(g), "attention_mask": causal_mask(), "use_cache": False}, _logits),
-    _builtin("gpt", "small"),
-    _builtin("llama", "small"),
-    _builtin("mlp", "small"),
+             _hf("MistralForCausalLM", "MistralConfig", lambda shape: dict(sliding_window=None, **_decoder(shape))),
+             _causal_inputs, _logits),
+    _builtin("gpt"),
+    _builtin("llama"),
+    _builtin("mlp"),
 )
 
 
@@ -194,3 +237,51 @@ def zoo_model(name: str) -> ZooModel:
         if entry.name == name:
             return entry
     raise ValueError(f"zoo model must be one of {zoo_names()}, got {name!r}")
+
+
+@dataclass
+class ZooRun:
+    """One jit-forward-backward of a zoo model."""
+
+    jitted: object
+    #: each parameter's gradient (None where the loss does not reach it)
+    grads: list
+    #: what autograd kept for backward, in storages (thunder_remat.measure.saved_for_backward)
+    saved: object
+
+
+def _loss(entry: ZooModel, out) -> torch.Tensor:
+    return entry.output(out).float().pow(2).mean()
+
+
+def eager_gradients(entry: ZooModel, size: str = "small") -> list:
+    """The parameters' gradients in plain PyTorch (the reference every compiled run must equal)."""
+    model, inputs = entry.make(size)
+    _loss(entry, model(**inputs)).backward()
+    return [p.grad for p in model.parameters()]
+
+
+def run_zoo_model(entry: ZooModel, executors, size: str = "small", **options) -> ZooRun:
+    """jit ``entry`` with ``executors`` and ``options``, run one forward (measuring what it saves)
+    and one backward."""
+    import thunder
+
+    from thunder_remat.measure import saved_for_backward
+
+    model, inputs = entry.make(size)
+    jitted = thunder.jit(model, executors=list(executors), **options)
+    out, saved = saved_for_backward(jitted, **inputs)
+    _loss(entry, out).backward()
+    return ZooRun(jitted, [p.grad for p in model.parameters()], saved)
+
+
+def same_gradients(a: list, b: list, atol: float = 1e-5, rtol: float = 1e-4) -> bool:
+    """Equal within tolerance; a missing gradient equals an all-zero one."""
+    for x, y in zip(a, b, strict=True):
+        if x is None and y is None:
+            continue
+        x = torch.zeros_like(y) if x is None else x
+        y = torch.zeros_like(x) if y is None else y
+        if not torch.allclose(x, y, atol=atol, rtol=rtol):
+            return False
+    return True
