@@ -83,9 +83,10 @@ def last_pairs(jitted):
     return result
 
 
-def joint_trace(fn, args, *, executors=(), **options):
+def joint_trace(fn, args, *, executors=(), with_jitted=False, **options):
     """The joint forward+backward trace Thunder hands to thunder_remat's whole-graph pass for ``fn``
-    (and the pass's result on it), from one jit-and-call with ``remat=True``."""
+    (and the pass's result on it; and the jitted function, with ``with_jitted``), from one
+    jit-and-call with ``remat=True``."""
     import thunder_remat.plugin as plugin
 
     seen = []
@@ -103,7 +104,7 @@ def joint_trace(fn, args, *, executors=(), **options):
     finally:
         plugin.plan_saved_values = original
     assert seen, "the whole-graph pass did not run"
-    return seen[-1]
+    return (*seen[-1], jitted) if with_jitted else seen[-1]
 
 
 def forward_tensors(joint, inputs: dict) -> dict:

@@ -76,3 +76,30 @@ def test_a_recomputed_composite_gets_storages_of_its_own():
     assert copies
     for name in copies:
         assert storages.owner_of(name).startswith("rc_"), (name, storages.owner_of(name))
+
+
+def _dead_inplace_copy(x, w):
+    t = (x @ w) * 1.0
+    t.mul_(0.75)  # a dead in-place update: kept by dead-code elimination, run in the backward
+    return torch.tanh(x).pow(2).sum()
+
+
+@pytest.mark.parametrize("case", ["gpt", "dead in-place copy"])
+def test_the_split_model_saves_what_thunders_split_saves(case):
+    from thunder.core.transform_common import dce
+    from thunder.transforms.autodiff import split_into_forward_and_backward
+
+    from thunder_remat.joint_analysis import thunder_split
+
+    from thunder.core.compile_data import compile_data_and_stats
+
+    if case == "gpt":
+        model = build_model("gpt", "tiny")
+        joint, _, jitted = joint_trace(model, (example_batch(model),), with_jitted=True)
+    else:
+        args = (torch.randn(4, 8, requires_grad=True), torch.randn(8, 8))
+        joint, _, jitted = joint_trace(_dead_inplace_copy, args, with_jitted=True)
+    with compile_data_and_stats(thunder.compile_data(jitted), thunder.compile_stats(jitted)):
+        forward, _ = split_into_forward_and_backward(dce(joint))
+    saved = [p.name for p in forward.output[1][0]]
+    assert saved and set(thunder_split(joint).saved) == set(saved)

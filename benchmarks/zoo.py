@@ -1,0 +1,194 @@
+"""The zoo: real model code (litgpt, Hugging Face transformers, the built-in models) through
+thunder_remat, with the light executor and with Thunder's torch.compile executor.
+
+For every zoo model (``thunder_remat.zoo``, random weights, nothing downloaded) and executor:
+
+* Thunder 0.2.6 without thunder_remat (its own fusion-pair pass), once;
+* thunder_remat at budgets 1.0, 0.5 and 0.0, and at two byte budgets (a third and two thirds of
+  the way from the smallest plan to the fastest, in bytes);
+* torch.compile (Inductor) with ``torch._functorch.config.activation_memory_budget`` at 1.0, 0.5
+  and 0.0 (once per model; it does not depend on Thunder's executor).
+
+Each run is one forward under ``thunder_remat.measure.saved_for_backward`` (activation storages:
+parameters, buffers and inputs left out) and one backward of ``output.float().pow(2).mean()``;
+gradients are compared with eager PyTorch (atol 1e-5, rtol 1e-4). The table gives, per model and
+executor: Thunder's bytes, thunder_remat's measured and planned bytes per budget, whether they
+are equal, the ratio to Thunder at 1.0, torch.compile's bytes, and whether a byte budget held.
+
+Usage::
+
+    python benchmarks/zoo.py [--size small] [--executors eager,torchcompile] [--models litgpt,BERT]
+                             [--write docs/benchmarks.md]
+
+``--write`` replaces the part of the file between ``<!-- zoo table -->`` and
+``<!-- end zoo table -->``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import re
+import sys
+import time
+import warnings
+
+log = logging.getLogger("zoo")
+
+BUDGETS = (1.0, 0.5, 0.0)
+BYTE_STEPS = (1 / 3, 2 / 3)
+START, END = "<!-- zoo table -->", "<!-- end zoo table -->"
+
+
+def parse_args(argv=None):
+    from thunder_remat.zoo import ZOO_SHAPES
+
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--size", default="small", choices=sorted(ZOO_SHAPES))
+    p.add_argument("--executors", default="eager,torchcompile", help="comma list of eager, torchcompile")
+    p.add_argument("--models", default="", help="comma list of substrings of zoo model names (default: all)")
+    p.add_argument("--no-torch", action="store_true", help="skip the torch.compile activation_memory_budget runs")
+    p.add_argument("--write", help="markdown file whose zoo table is replaced")
+    args = p.parse_args(argv)
+    args.executors = [e.strip() for e in args.executors.split(",") if e.strip()]
+    bad = [e for e in args.executors if e not in ("eager", "torchcompile")]
+    if bad:
+        p.error(f"--executors: unknown {bad}; choose from eager, torchcompile")
+    args.models = [m.strip() for m in args.models.split(",") if m.strip()]
+    return args
+
+
+def torch_compile_bytes(entry, size, budget, ref) -> tuple[int, bool]:
+    import torch
+    import torch._functorch.config as functorch_config
+
+    from thunder_remat.measure import saved_for_backward
+    from thunder_remat.zoo import same_gradients
+
+    torch._dynamo.reset()
+    model, inputs = entry.make(size)
+    with functorch_config.patch(activation_memory_budget=budget):
+        compiled = torch.compile(model)
+        out, saved = saved_for_backward(compiled, **inputs, held=[*model.parameters(), *model.buffers()])
+        entry.output(out).float().pow(2).mean().backward()
+    return saved.activation_bytes, same_gradients(ref, [p.grad for p in model.parameters()])
+
+
+def bench(entry, size, executor_name, torch_bytes) -> dict:
+    import thunder_remat
+    from thunder_remat.executors import fusion_executor_by_name
+    from thunder_remat.plugin import thunder_alone_saved_bytes
+    from thunder_remat.zoo import eager_gradients, run_zoo_model, same_gradients
+
+    executors = [fusion_executor_by_name(executor_name)]
+    ref = eager_gradients(entry, size)
+    start = time.perf_counter()
+    try:
+        alone = run_zoo_model(entry, executors, size)
+    except Exception as exc:  # a Thunder 0.2.6 limitation: thunder_remat cannot be compared there
+        log.warning("%s / %s: Thunder alone fails: %s: %s", entry.name, executor_name, type(exc).__name__, exc)
+        return dict(model=entry.name, executor=executor_name, error=f"{type(exc).__name__}: {str(exc)[:80]}")
+    row = dict(model=entry.name, executor=executor_name, thunder=alone.saved.activation_bytes,
+               thunder_ok=same_gradients(ref, alone.grads), runs={}, byte_runs=[], torch=torch_bytes)
+    frontier = None
+    for budget in BUDGETS:
+        run = run_zoo_model(entry, executors, size, remat=True, remat_memory_budget=budget)
+        plan = thunder_remat.last_save_plan(run.jitted)
+        row["runs"][budget] = dict(measured=run.saved.activation_bytes, planned=plan.choice.plan.saved_bytes,
+                                   ok=same_gradients(ref, run.grads), failed=plan.failed)
+        if budget == 1.0:
+            row["static_thunder"] = thunder_alone_saved_bytes(run.jitted)
+            frontier = plan.frontier()
+    low, high = frontier.smallest.saved_bytes, frontier.fastest.saved_bytes
+    for step in BYTE_STEPS:
+        limit = max(2, int(low + step * (high - low)))
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            run = run_zoo_model(entry, executors, size, remat=True, remat_memory_budget=limit)
+        plan = thunder_remat.last_save_plan(run.jitted)
+        infeasible = any("BudgetInfeasible" in type(w.message).__name__ for w in caught)
+        row["byte_runs"].append(dict(limit=limit, measured=run.saved.activation_bytes, infeasible=infeasible,
+                                     planned=plan.choice.plan.saved_bytes, ok=same_gradients(ref, run.grads)))
+    row["seconds"] = time.perf_counter() - start
+    log.info("%s / %s: %.0f s", entry.name, executor_name, row["seconds"])
+    return row
+
+
+def table(rows, size) -> str:
+    yn = {True: "yes", False: "NO"}
+    lines = [
+        "| model | executor | Thunder B | thunder_remat B at 1.0 / 0.5 / 0.0 | = planned | ratio to Thunder at 1.0 "
+        "| torch.compile B at 1.0 / 0.5 / 0.0 | byte budgets held (B budget: B saved) "
+        "| grads equal eager (Thunder, thunder_remat, torch.compile) |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        if "error" in r:
+            lines.append(f"| {r['model']} | {r['executor']} | fails in Thunder 0.2.6 alone: `{r['error']}` "
+                         "| | | | | | |")
+            continue
+        runs = [r["runs"][b] for b in BUDGETS]
+        equal = all(x["measured"] == x["planned"] for x in runs + r["byte_runs"])
+        held = "; ".join(f"{x['limit']:,}: {x['measured']:,}" + (" (infeasible)" if x["infeasible"] else "")
+                         + ("" if x["measured"] <= x["limit"] or x["infeasible"] else " EXCEEDED")
+                         for x in r["byte_runs"])
+        grads = all(x["ok"] for x in runs + r["byte_runs"]) and r["thunder_ok"] and all(ok for _, ok in r["torch"])
+        torch_cell = " / ".join(f"{b:,}" for b, _ in r["torch"]) if r["torch"] else "-"
+        ours = " / ".join(f"{x['measured']:,}" for x in runs)
+        lines.append(
+            f"| {r['model']} | {r['executor']} | {r['thunder']:,} | {ours} "
+            f"| {yn[equal]} | {runs[0]['measured'] / r['thunder']:.2f}x | {torch_cell} | {held} | {yn[grads]} |"
+        )
+    from thunder_remat.zoo import ZOO_SHAPES
+
+    shape = ZOO_SHAPES[size]
+    lines.append("")
+    lines.append(f"Zoo size `{size}`: {shape.layers} layers, width {shape.width}, batch {shape.batch} x "
+                 f"{shape.tokens} tokens, float32, CPU. Activation bytes are storages saved for backward in one "
+                 "real forward (saved_tensors_hooks), parameters and inputs left out; '= planned': every "
+                 "thunder_remat run saved exactly the bytes its plan promised; the static figure of what Thunder "
+                 "alone saves (`thunder_remat.plugin.thunder_alone_saved_bytes`) equalled the measured one in "
+                 f"{sum(r.get('static_thunder') == r.get('thunder') for r in rows if 'error' not in r)} of "
+                 f"{sum('error' not in r for r in rows)} rows.")
+    return "\n".join(lines)
+
+
+def write_table(path, text) -> None:
+    with open(path) as f:
+        doc = f.read()
+    block = f"{START}\n{text}\n{END}"
+    if START in doc and END in doc:
+        doc = re.sub(re.escape(START) + ".*?" + re.escape(END), lambda _: block, doc, flags=re.S)
+    else:
+        doc = doc.rstrip("\n") + "\n\n" + block + "\n"
+    with open(path, "w") as f:
+        f.write(doc)
+
+
+def main(argv=None) -> int:
+    warnings.filterwarnings("ignore")
+    args = parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S", stream=sys.stderr)
+    from thunder_remat.zoo import ZOO, available, eager_gradients
+
+    entries = [e for e in ZOO if available(e) and (not args.models or any(m in e.name for m in args.models))]
+    skipped = [e.name for e in ZOO if not available(e)]
+    if skipped:
+        log.warning("skipped (package missing): %s", ", ".join(skipped))
+    rows = []
+    for entry in entries:
+        torch_bytes = []
+        if not args.no_torch:
+            ref = eager_gradients(entry, args.size)
+            torch_bytes = [torch_compile_bytes(entry, args.size, b, ref) for b in BUDGETS]
+        for executor in args.executors:
+            rows.append(bench(entry, args.size, executor, torch_bytes))
+    text = table(rows, args.size)
+    print(text)
+    if args.write:
+        write_table(args.write, text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
