@@ -13,14 +13,22 @@ from __future__ import annotations
 
 from thunder.core.proxies import TensorProxy
 
-from thunder_remat.joint_analysis import forward_storages
+from thunder_remat.joint_analysis import forward_storages, is_backward
+from thunder_remat.storage import StorageMap
 
 __all__ = ["estimate_peak_bytes"]
 
 
-def estimate_peak_bytes(trace) -> int:
-    """The estimated peak of live tensor bytes (inputs excluded) over a joint trace."""
-    storages = forward_storages(trace, with_backward=True)
+def estimate_peak_bytes(trace, forward: StorageMap | None = None) -> int:
+    """The estimated peak of live tensor bytes (inputs excluded) over a joint trace.
+
+    ``forward``: the storages of the trace's forward part, when already known (rewrites of one
+    trace share their forward); only the backward is then walked again.
+    """
+    if forward is None:
+        storages = forward_storages(trace, with_backward=True)
+    else:
+        storages = forward.extended(b for b in trace.bound_symbols[:-1] if is_backward(b))
     bsyms = trace.bound_symbols
     born: dict[str, int] = {}  # storage owner -> index of the op that allocates it
     last_read: dict[str, int] = {}  # storage owner -> index of the last op reading a tensor on it

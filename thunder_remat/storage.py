@@ -24,7 +24,7 @@ inside one region) shares that value's storage with the op's other views of it.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from thunder.core.prims import PrimIDs
 from thunder.core.proxies import TensorProxy
@@ -68,6 +68,15 @@ class StorageMap:
     maybe_view: frozenset
     #: owners held anyway (forward inputs: arguments, parameters, buffers)
     held: frozenset
+    #: the walk's state, to continue it over more bound symbols (``extended``)
+    _walk: object = field(default=None, repr=False, compare=False)
+
+    def extended(self, bsyms) -> StorageMap:
+        """This map continued over ``bsyms`` (which come after the ones it was made from)."""
+        walk = self._walk.copy()
+        for bsym in bsyms:
+            walk.visit(bsym)
+        return walk.result()
 
     def owner_of(self, name: str) -> str:
         return self.owner.get(name, name)
@@ -109,6 +118,16 @@ class _Walk:
             if isinstance(p, TensorProxy) and p.name not in self.owner:
                 self._fresh(p)
                 self.held.add(p.name)
+
+    def copy(self) -> _Walk:
+        twin = _Walk(())
+        twin.owner, twin.owner_bytes = dict(self.owner), dict(self.owner_bytes)
+        twin.loose, twin.strides, twin.held = dict(self.loose), dict(self.strides), set(self.held)
+        return twin
+
+    def result(self) -> StorageMap:
+        maybe_view = frozenset(name for name, loose in self.loose.items() if loose != name)
+        return StorageMap(self.owner, self.owner_bytes, maybe_view, frozenset(self.held), self)
 
     def _fresh(self, p) -> None:
         self._meet(p.name, p.name, p.name, _contiguous_strides(_sizes(p)))
@@ -155,7 +174,7 @@ class _Walk:
                 inner.owner_bytes[owner] = self.owner_bytes[owner]
         outside = set(inner.owner_bytes)
         outside_loose = set(inner.loose.values())
-        for sub in bsym.subsymbols:
+        for sub in _view_chains(bsym.subsymbols, new):
             inner.visit(sub)
         named: dict[str, str] = {}  # owner made inside -> the first output using it
         for p in new:
@@ -171,6 +190,30 @@ class _Walk:
             key = named.setdefault(owner, p.name)
             self._meet(p.name, key, loose, strides)
             self.owner_bytes.setdefault(key, inner.owner_bytes[owner])
+
+
+def _view_chains(subsymbols, outputs) -> list:
+    """The body ops (in order) that can decide whose storage ``outputs`` use: the chain of views
+    back from each output, through composites; any other op's outputs are fresh, which is what
+    the walk assumes for values it has not seen."""
+    producer = {}
+    for sub in subsymbols:
+        for q in sub.flat_proxy_outs:
+            producer.setdefault(q.name, sub)
+    needed: set[int] = set()
+    stack = [p.name for p in outputs]
+    while stack:
+        sub = producer.get(stack.pop())
+        if sub is None or id(sub) in needed:
+            continue
+        needed.add(id(sub))
+        args = [a for a in sub.flat_proxy_args if isinstance(a, TensorProxy)]
+        base = _view_base(sub, args)
+        if base is not None:
+            stack.append(base.name)
+        elif sub.subsymbols:
+            stack.extend(a.name for a in args)
+    return [sub for sub in subsymbols if id(sub) in needed]
 
 
 def _view_base(bsym, args):
@@ -288,5 +331,4 @@ def storage_map(bsyms, held=()) -> StorageMap:
     walk = _Walk(held)
     for bsym in bsyms:
         walk.visit(bsym)
-    maybe_view = frozenset(name for name, loose in walk.loose.items() if loose != name)
-    return StorageMap(walk.owner, walk.owner_bytes, maybe_view, frozenset(walk.held))
+    return walk.result()

@@ -12,7 +12,7 @@ import time
 import warnings
 from dataclasses import dataclass, field
 
-from thunder_remat.joint_analysis import build_save_problem
+from thunder_remat.joint_analysis import build_save_problem, forward_storages
 from thunder_remat.peak_estimate import estimate_peak_bytes
 from thunder_remat.recompute_rewrite import insert_recomputation, prefetch_regathers
 from thunder_remat.save_plan import BudgetChoice, Frontier, build_frontier, choose_fastest, choose_plan, is_fastest_budget
@@ -194,7 +194,8 @@ def _rewrite_with_checkpoints(trace, problem: SaveProblem, choice: BudgetChoice,
     plain = _rewrite(trace, problem, choice.plan, window)
     if not any(ops[i].soft_ban for i in choice.plan.recomputed):
         return plain  # only cheap ops recomputed: the window alone bounds what the backward holds
-    plain_peak = estimate_peak_bytes(plain[0])
+    forward = forward_storages(trace)  # shared by every rewrite's estimate
+    plain_peak = estimate_peak_bytes(plain[0], forward)
     result.peak_estimate, result.peak_estimate_without_checkpoints = plain_peak, plain_peak
     seen = set()
 
@@ -205,7 +206,7 @@ def _rewrite_with_checkpoints(trace, problem: SaveProblem, choice: BudgetChoice,
             return None
         seen.add(held)
         candidate = _rewrite(trace, problem, choice.plan, window, held)
-        peak = estimate_peak_bytes(candidate[0])
+        peak = estimate_peak_bytes(candidate[0], forward)
         result.anchor_estimates[chain] = peak
         return chain, levels, candidate, peak
 
