@@ -49,6 +49,20 @@ def insert_recomputation(trace, recomputed_indices, *, window: int | None = None
         return trace, []
     producer_index = {p.name: i for i, b in recompute.items() for p in b.flat_proxy_outs}
     new = from_trace(trace)
+    # A name set of its own: a rewrite that is tried and dropped ("auto" checkpoints) leaves no
+    # names behind, and each copy's name is found in one or two lookups (a counter per value).
+    new.names = set(trace.names)
+    copies_of: dict[str, int] = {}
+
+    def copy_name(name: str) -> str:
+        k = copies_of.get(name, -1)
+        candidate = f"rc_{name}" if k < 0 else f"rc_{name}_{k}"
+        while new.has_name(candidate):
+            k += 1
+            candidate = f"rc_{name}_{k}"
+        copies_of[name] = k + 1
+        return candidate
+
     new.bound_symbols = []
     level: dict[int, int] = {}  # checkpoint op -> its level (1: outermost)
     for depth, ops in enumerate(checkpoints, start=1):
@@ -82,8 +96,7 @@ def insert_recomputation(trace, recomputed_indices, *, window: int | None = None
             if j is not None and j != i:
                 swap.update(emit(j, pos, under))
         with tracectx(new):
-            outs = {variableify(out): out.replace_name(f"rc_{out.name}", disambiguate=True)
-                    for out in bsym.flat_proxy_outs}
+            outs = {variableify(out): out.replace_name(copy_name(out.name)) for out in bsym.flat_proxy_outs}
         swap.update(outs)
         copy = bsym.from_bsym_swap_proxies(swap, skip_inputs=False, skip_output=False, skip_subsymbols=False)
         copy.tags.add(BoundSymbolTag.BACKWARD)

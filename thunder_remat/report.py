@@ -178,6 +178,7 @@ def explain(jitted) -> RematReport:
         report.times_ms["whole-graph analysis"] = save.analysis_ms
         report.times_ms["whole-graph solve"] = save.solve_ms
         report.times_ms["whole-graph rewrite"] = save.rewrite_ms
+        report.times_ms["whole-graph peak estimates"] = save.estimate_ms
         ops = {op.index: op for op in problem.ops}
         level_of = {i: k for k, level in enumerate(save.checkpoint_levels, start=1) for i in level}
         for i in plan.recomputed:

@@ -34,9 +34,13 @@ class SavePassResult:
     problem: SaveProblem | None = None
     choice: BudgetChoice | None = None
     budget: tuple | None = None
+    #: where the pass's time went (milliseconds; they add up to the whole pass): building the
+    #: problem; every min cut and knapsack (the budget's plan, gap filling, checkpoint anchors);
+    #: the rewrites (with prefetching and verification); the step-peak estimates of "auto"
     analysis_ms: float = 0.0
     solve_ms: float = 0.0
     rewrite_ms: float = 0.0
+    estimate_ms: float = 0.0
     failed: str | None = None
     solver: str = "dp"
     #: the forward op of every recomputed copy the rewrite made, in order (with a reuse window, cheap
@@ -66,6 +70,10 @@ class SavePassResult:
         return self.checkpoint_anchors[0] if self.checkpoint_anchors else None
 
     @property
+    def total_ms(self) -> float:
+        return self.analysis_ms + self.solve_ms + self.rewrite_ms + self.estimate_ms
+
+    @property
     def copies(self) -> int:
         return len(self.copied_ops)
 
@@ -91,7 +99,7 @@ class SavePassResult:
         plan = self.choice.plan
         budget = "none" if self.budget is None else f"{self.budget[0]} {self.budget[1]:g}"
         text = (
-            f"thunder_remat whole-graph save planning (took {self.analysis_ms + self.solve_ms + self.rewrite_ms:.1f} ms; "
+            f"thunder_remat whole-graph save planning (took {self.total_ms:.1f} ms; "
             f"budget {budget}"
         )
         if self.choice.target_bytes is not None:
@@ -180,57 +188,114 @@ def _rewrite(trace, problem: SaveProblem, plan, window, checkpoints=()):
                                 segments=segments)
 
 
+@dataclass
+class _Candidate:
+    """One checkpoint setting tried by "auto": its anchor chain, levels and estimated step peak;
+    its rewrite is kept only while it can still be chosen."""
+
+    chain: tuple
+    levels: tuple
+    peak: int
+    rewrite: tuple | None = None
+
+
+def choose_anchor(plain_peak: int, candidates):
+    """The "auto" rule: of the candidates whose estimated peak is at least ``AUTO_MIN_GAIN`` below
+    the rewrite without checkpoints, those within ``AUTO_TIE`` of the lowest tie, and the tie
+    goes to the last (the largest anchor, which recomputes least). None if none gains enough.
+    Only candidates that pass the minimum gain on their own take part in the tie."""
+    qualifying = [c for c in candidates if c.peak <= (1.0 - AUTO_MIN_GAIN) * plain_peak]
+    if not qualifying:
+        return None
+    lowest = min(c.peak for c in qualifying)
+    return [c for c in qualifying if c.peak <= (1.0 + AUTO_TIE) * lowest][-1]
+
+
 def _rewrite_with_checkpoints(trace, problem: SaveProblem, choice: BudgetChoice, config, result):
     """The rewritten trace and its copies, with the backward checkpoints ``config`` asks for."""
     window = config.recompute_window or None
     setting = config.checkpoint_budget
     if window is None or setting is False or choice.frontier is None:
-        return _rewrite(trace, problem, choice.plan, window)
+        return _timed_rewrite(result, trace, problem, choice.plan, window)
     if setting != "auto":
-        levels = backward_checkpoints(problem, choice, setting if isinstance(setting, tuple) else (setting,))
+        with _timed(result, "solve_ms"):
+            levels = backward_checkpoints(problem, choice, setting if isinstance(setting, tuple) else (setting,))
         _record_checkpoints(result, levels)
-        return _rewrite(trace, problem, choice.plan, window, tuple(ops for _, ops in levels))
+        return _timed_rewrite(result, trace, problem, choice.plan, window, tuple(ops for _, ops in levels))
     ops = {op.index: op for op in problem.ops}
-    plain = _rewrite(trace, problem, choice.plan, window)
+    plain = _timed_rewrite(result, trace, problem, choice.plan, window)
     if not any(ops[i].soft_ban for i in choice.plan.recomputed):
         return plain  # only cheap ops recomputed: the window alone bounds what the backward holds
-    forward = forward_storages(trace)  # shared by every rewrite's estimate
-    plain_peak = estimate_peak_bytes(plain[0], forward)
+    with _timed(result, "estimate_ms"):
+        forward = forward_storages(trace)  # shared by every rewrite's estimate
+        plain_peak = estimate_peak_bytes(plain[0], forward)
     result.peak_estimate, result.peak_estimate_without_checkpoints = plain_peak, plain_peak
     seen = set()
 
-    def attempt(chain):
-        levels = backward_checkpoints(problem, choice, chain)
+    def attempt(chain) -> _Candidate | None:
+        with _timed(result, "solve_ms"):
+            levels = backward_checkpoints(problem, choice, chain)
         held = tuple(ops for _, ops in levels)
         if not held or held in seen:
             return None
         seen.add(held)
-        candidate = _rewrite(trace, problem, choice.plan, window, held)
-        peak = estimate_peak_bytes(candidate[0], forward)
+        rewrite = _timed_rewrite(result, trace, problem, choice.plan, window, held)
+        with _timed(result, "estimate_ms"):
+            peak = estimate_peak_bytes(rewrite[0], forward)
         result.anchor_estimates[chain] = peak
-        return chain, levels, candidate, peak
+        return _Candidate(chain, levels, peak, rewrite)
 
-    singles = [c for c in (attempt((fraction,)) for fraction in AUTO_ANCHORS) if c is not None]
-    if not singles:
+    singles = []
+    for fraction in AUTO_ANCHORS:
+        candidate = attempt((fraction,))
+        if candidate is None:
+            continue
+        singles.append(candidate)
+        _let_go(plain_peak, singles)
+    best = choose_anchor(plain_peak, singles)
+    if best is None:
         return plain
-    lowest = min(peak for *_, peak in singles)
-    best = [c for c in singles if c[3] <= (1.0 + AUTO_TIE) * lowest][-1]
     # Nest: hold the nearest anchor's values (the smallest anchor that gives another rewrite) and
     # recompute the chosen anchor's from them, as the nearest plan's own backward would; kept if
     # that lowers the estimate by AUTO_MIN_GAIN. (On the built-in models the nearest was also the
     # best of all nearer anchors, for one rewrite instead of up to four.)
-    for fraction in (f for f in AUTO_ANCHORS if f < best[0][0]):
-        nested = attempt((fraction, *best[0]))
+    for fraction in (f for f in AUTO_ANCHORS if f < best.chain[0]):
+        nested = attempt((fraction, *best.chain))
         if nested is not None:
-            if nested[3] <= (1.0 - AUTO_MIN_GAIN) * best[3]:
+            if nested.peak <= (1.0 - AUTO_MIN_GAIN) * best.peak:
                 best = nested
             break
-    chain, levels, candidate, peak = best
-    if peak > (1.0 - AUTO_MIN_GAIN) * plain_peak:
-        return plain
-    _record_checkpoints(result, levels)
-    result.peak_estimate = peak
-    return candidate
+    _record_checkpoints(result, best.levels)
+    result.peak_estimate = best.peak
+    return best.rewrite
+
+
+def _let_go(plain_peak: int, candidates) -> None:
+    """Drop the rewrites of candidates that can no longer be chosen: those short of the minimum
+    gain, and those above the tie band of the lowest so far (the lowest only falls)."""
+    limit = (1.0 - AUTO_MIN_GAIN) * plain_peak
+    lowest = min((c.peak for c in candidates if c.peak <= limit), default=None)
+    for c in candidates:
+        if lowest is None or c.peak > limit or c.peak > (1.0 + AUTO_TIE) * lowest:
+            c.rewrite = None
+
+
+def _timed_rewrite(result, trace, problem, plan, window, checkpoints=()):
+    with _timed(result, "rewrite_ms"):
+        return _rewrite(trace, problem, plan, window, checkpoints)
+
+
+class _timed:
+    """Adds the time spent in the block to ``result.<field>`` (milliseconds)."""
+
+    def __init__(self, result, field: str) -> None:
+        self.result, self.field = result, field
+
+    def __enter__(self):
+        self.start = time.perf_counter()
+
+    def __exit__(self, *exc):
+        setattr(self.result, self.field, getattr(self.result, self.field) + (time.perf_counter() - self.start) * 1e3)
 
 
 def _record_checkpoints(result, levels):
@@ -246,31 +311,28 @@ def plan_saved_values(trace, config, *, zero3: bool = False) -> SavePassResult:
     """
     result = SavePassResult(trace=trace, budget=config.budget, solver=config.solver)
     try:
-        start = time.perf_counter()
-        regather = zero3 and config.fsdp_regather
-        problem = build_save_problem(trace, config.policies, regather_params=regather)
-        if config.cost_model == "measured":
-            problem = with_measured_costs(problem, _measure(trace, problem))
-        result.problem = problem
-        mid = time.perf_counter()
-        result.analysis_ms = (mid - start) * 1e3
-        if is_fastest_budget(config.budget):
-            choice = choose_fastest(problem, config.budget)
-        else:
-            choice = choose_plan(build_frontier(problem, config.solver), config.budget)
-        result.choice = choice
-        end = time.perf_counter()
-        result.solve_ms = (end - mid) * 1e3
+        with _timed(result, "analysis_ms"):
+            regather = zero3 and config.fsdp_regather
+            problem = build_save_problem(trace, config.policies, regather_params=regather)
+            if config.cost_model == "measured":
+                problem = with_measured_costs(problem, _measure(trace, problem))
+            result.problem = problem
+        with _timed(result, "solve_ms"):
+            if is_fastest_budget(config.budget):
+                choice = choose_fastest(problem, config.budget)
+            else:
+                choice = choose_plan(build_frontier(problem, config.solver), config.budget)
+            result.choice = choice
         new, emitted = _rewrite_with_checkpoints(trace, problem, choice, config, result)
         result.copied_ops = tuple(emitted)
-        if regather:
-            new = prefetch_regathers(new, config.fsdp_prefetch)
-        if config.verify:
-            replayed = {problem_op.op for problem_op in problem.ops if problem_op.force_recompute} if regather else set()
-            verify(trace, new, saved=choice.plan.saved, saved_bytes=choice.plan.saved_bytes, replayed=replayed,
-                   raise_on_error=True)
+        with _timed(result, "rewrite_ms"):
+            if regather:
+                new = prefetch_regathers(new, config.fsdp_prefetch)
+            if config.verify:
+                replayed = {op.op for op in problem.ops if op.force_recompute} if regather else set()
+                verify(trace, new, saved=choice.plan.saved, saved_bytes=choice.plan.saved_bytes, replayed=replayed,
+                       raise_on_error=True)
         result.trace = new
-        result.rewrite_ms = (time.perf_counter() - end) * 1e3
     except Exception as exc:  # containment: leave the trace as Thunder made it
         result.trace = trace
         result.failed = f"{type(exc).__name__}: {exc}"
