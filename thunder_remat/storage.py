@@ -9,8 +9,10 @@ symbols in order and records, for every tensor value, the value that owns its st
 Two answers per value, because the runtime decides some cases (``torch.reshape`` and
 ``Tensor.contiguous`` return a view when the input's strides allow it, a copy otherwise):
 
-* ``owner``: the best guess, following which values are contiguous (a reshape of a transposed,
-  expanded or sliced tensor copies; of a contiguous one it is a view), used to count bytes;
+* ``owner``: the best guess, following each value's strides as PyTorch computes them (a reshape
+  is a view when the strides allow it: splitting a sliced projection into heads; a copy when they
+  do not: merging the heads of a transposed attention output), used to count bytes. Fresh
+  tensors are taken to be contiguous;
 * ``maybe_view``: every value an op may return as a view of one of its inputs, whatever the
   strides. The planners never choose to save such a value: they save what it is a view of, or
   recompute it in the backward (a view costs nothing to make, a copying reshape one copy), so a
@@ -80,9 +82,6 @@ class StorageMap:
 
     def owner_of(self, name: str) -> str:
         return self.owner.get(name, name)
-
-    def is_view(self, name: str) -> bool:
-        return self.owner_of(name) != name
 
     def bytes_held(self, names: Iterable[str], sizes: dict | None = None) -> int:
         """Bytes of the distinct storages ``names`` keep alive, leaving out held ones.
