@@ -17,20 +17,20 @@ def joint_traces(name="gpt", dropout=0.1, budget=0.0):
     seen = []
     import thunder_remat.whole_graph as wg
 
-    original = wg.insert_recomputation
+    original = wg.build
 
-    def spy(trace, recomputed, **kwargs):
-        new, emitted = original(trace, recomputed, **kwargs)
-        seen.append((trace, new))
-        return new, emitted
+    def spy(schedule):
+        new = original(schedule)
+        seen.append((schedule.trace, new))
+        return new
 
-    wg.insert_recomputation = spy
+    wg.build = spy
     try:
         model = build_model(name, "tiny", dropout=dropout)
         jm = thunder.jit(model, executors=[eager_fusion_ex], remat=True, remat_memory_budget=budget)
         jm(example_batch(model)).sum().backward()
     finally:
-        wg.insert_recomputation = original
+        wg.build = original
     before, after = seen[-1]
     return before, after, thunder_remat.last_save_plan(jm).choice.plan
 
@@ -97,14 +97,14 @@ def test_changed_outputs_and_unsaved_reads_are_caught():
 def test_a_rewrite_failing_verification_is_undone(monkeypatch):
     import thunder_remat.whole_graph as wg
 
-    original = wg.insert_recomputation
+    original = wg.build
 
-    def drop_first_recomputation(trace, recomputed, **kwargs):
-        new, emitted = original(trace, recomputed, **kwargs)
+    def drop_first_recomputation(schedule):
+        new = original(schedule)
         bsyms = list(new.bound_symbols)
         i = next(k for k, b in enumerate(bsyms) if any(p.name.startswith("rc_") for p in b.flat_proxy_outs))
         new.bound_symbols = bsyms[:i] + bsyms[i + 1:]
-        return new, emitted
+        return new
 
     model = build_model("gpt", "tiny", dropout=0.1)
     x = example_batch(model)
@@ -115,7 +115,7 @@ def test_a_rewrite_failing_verification_is_undone(monkeypatch):
     grads0 = [p.grad.clone() for p in model.parameters()]
     model.zero_grad()
 
-    monkeypatch.setattr(wg, "insert_recomputation", drop_first_recomputation)
+    monkeypatch.setattr(wg, "build", drop_first_recomputation)
     jm = thunder.jit(model, executors=[eager_fusion_ex], remat=True, remat_memory_budget=0.0)
     torch.manual_seed(0)
     with pytest.warns(UserWarning, match="whole-graph save planning failed.*VerificationError"):

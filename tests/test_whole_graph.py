@@ -246,14 +246,14 @@ def test_a_user_policy_is_respected():
 def test_recompute_window_copies_only_cheap_ops_again_and_keeps_gradients(monkeypatch):
     import thunder_remat.whole_graph as wg
 
-    original, emitted = wg.insert_recomputation, {}
+    original, emitted = wg.schedule_copies, {}
 
     def spy(trace, recomputed, **kwargs):
-        new, copies = original(trace, recomputed, **kwargs)
-        emitted[kwargs["window"]] = copies
-        return new, copies
+        schedule = original(trace, recomputed, **kwargs)
+        emitted[kwargs["window"]] = schedule.emitted
+        return schedule
 
-    monkeypatch.setattr(wg, "insert_recomputation", spy)
+    monkeypatch.setattr(wg, "schedule_copies", spy)
     results = {}
     for window in (30, False):
         jm, out, grads, _ = train_step("gpt", 0.1, remat=True, remat_memory_budget=0.0, remat_recompute_window=window,
@@ -278,14 +278,14 @@ def test_below_the_checkpoint_budget_the_backward_recomputes_from_checkpoints(mo
     protected ops (matmuls) at most twice (for the checkpoints, then near their use); same numbers."""
     import thunder_remat.whole_graph as wg
 
-    original, emitted = wg.insert_recomputation, []
+    original, emitted = wg.schedule_copies, []
 
     def spy(trace, recomputed, **kwargs):
-        new, copies = original(trace, recomputed, **kwargs)
-        emitted.append(copies)
-        return new, copies
+        schedule = original(trace, recomputed, **kwargs)
+        emitted.append(schedule.emitted)
+        return schedule
 
-    monkeypatch.setattr(wg, "insert_recomputation", spy)
+    monkeypatch.setattr(wg, "schedule_copies", spy)
     base = train_step("gpt", 0.1)
     jm, out, grads, saved = train_step("gpt", 0.1, remat=True, remat_memory_budget=0.0, remat_checkpoint_budget=0.1)
     result = thunder_remat.last_save_plan(jm)
@@ -316,14 +316,14 @@ def test_nested_checkpoints_recompute_the_outer_level_from_the_inner(monkeypatch
     backward needs them (at most two copies); other matmuls at most three; same numbers."""
     import thunder_remat.whole_graph as wg
 
-    original, calls = wg.insert_recomputation, []
+    original, calls = wg.schedule_copies, []
 
     def spy(trace, recomputed, **kwargs):
-        new, copies = original(trace, recomputed, **kwargs)
-        calls.append((copies, kwargs))
-        return new, copies
+        schedule = original(trace, recomputed, **kwargs)
+        calls.append((schedule.emitted, kwargs))
+        return schedule
 
-    monkeypatch.setattr(wg, "insert_recomputation", spy)
+    monkeypatch.setattr(wg, "schedule_copies", spy)
     base = train_step("gpt", 0.1)
     jm, out, grads, _ = train_step("gpt", 0.1, remat=True, remat_memory_budget=0.0,
                                    remat_checkpoint_budget=(0.3, 0.1))
@@ -371,14 +371,16 @@ def test_auto_checkpoints_take_the_anchor_with_the_lowest_estimated_peak(monkeyp
     AUTO_MIN_GAIN below the estimate without checkpoints (1-layer GPT at 0.0)."""
     import thunder_remat.whole_graph as wg
 
-    estimates = []
-    original = wg.estimate_peak_bytes
+    from thunder_remat.peak_estimate import estimate_peak_bytes
 
-    def spy(trace, forward=None):
-        estimates.append(original(trace, forward))
+    estimates = []
+    original = wg.estimate_schedule_peak
+
+    def spy(schedule, storages=None):
+        estimates.append(original(schedule, storages))
         return estimates[-1]
 
-    monkeypatch.setattr(wg, "estimate_peak_bytes", spy)
+    monkeypatch.setattr(wg, "estimate_schedule_peak", spy)
     base = train_step("gpt", 0.1)
     jm, out, grads, _ = train_step("gpt", 0.1, remat=True, remat_memory_budget=0.0)
     result = thunder_remat.last_save_plan(jm)
@@ -398,7 +400,8 @@ def test_auto_checkpoints_take_the_anchor_with_the_lowest_estimated_peak(monkeyp
         assert est[chosen[k:]] <= (1 - wg.AUTO_MIN_GAIN) * est[chosen[k + 1:]]
     nearer = [chain for chain in est if len(chain) == len(chosen) + 1 and chain[1:] == chosen]
     assert all(est[chain] > (1 - wg.AUTO_MIN_GAIN) * est[chosen] for chain in nearer)
-    assert result.peak_estimate == est[chosen] == original(result.trace) <= (1 - wg.AUTO_MIN_GAIN) * plain
+    # estimated from the schedule, without building it: the built trace's estimate is the same
+    assert result.peak_estimate == est[chosen] == estimate_peak_bytes(result.trace) <= (1 - wg.AUTO_MIN_GAIN) * plain
     levels = wg.backward_checkpoints(result.problem, result.choice, chosen)
     assert tuple(f for f, _ in levels) == chosen and "est. step peak" in result.provenance()
     assert result.checkpoint_levels == tuple(tuple(sorted(ops)) for _, ops in levels)
@@ -417,3 +420,26 @@ def test_auto_checkpoints_take_the_anchor_with_the_lowest_estimated_peak(monkeyp
     estimates.clear()
     jm = train_step("gpt", 0.1, remat=True)[0]
     assert thunder_remat.last_save_plan(jm).peak_estimate is None and not estimates
+
+
+@pytest.mark.parametrize("name", ["gpt", "llama"])
+def test_a_schedule_is_estimated_as_the_trace_it_builds(monkeypatch, name):
+    """"auto" estimates every candidate's step peak from its copy schedule, building only the one
+    it keeps; each estimate equals the estimate of the trace the schedule builds."""
+    import thunder_remat.whole_graph as wg
+    from thunder_remat.peak_estimate import estimate_peak_bytes, estimate_schedule_peak
+    from thunder_remat.recompute_rewrite import build
+
+    schedules = []
+    original = wg.schedule_copies
+
+    def spy(trace, recomputed, **kwargs):
+        schedules.append(original(trace, recomputed, **kwargs))
+        return schedules[-1]
+
+    monkeypatch.setattr(wg, "schedule_copies", spy)
+    jm = train_step(name, None, remat=True, remat_memory_budget=0.0)[0]
+    result = thunder_remat.last_save_plan(jm)
+    assert len(schedules) >= 3 and result.anchor_estimates
+    for schedule in schedules:
+        assert estimate_schedule_peak(schedule) == estimate_peak_bytes(build(schedule))

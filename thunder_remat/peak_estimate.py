@@ -13,47 +13,89 @@ from __future__ import annotations
 
 from thunder.core.proxies import TensorProxy
 
-from thunder_remat.joint_analysis import forward_storages, is_backward
+from thunder_remat.joint_analysis import forward_storages
+from thunder_remat.recompute_rewrite import CopySchedule
 from thunder_remat.storage import StorageMap
 
-__all__ = ["estimate_peak_bytes"]
+__all__ = ["estimate_peak_bytes", "estimate_schedule_peak"]
 
 
-def estimate_peak_bytes(trace, forward: StorageMap | None = None) -> int:
-    """The estimated peak of live tensor bytes (inputs excluded) over a joint trace.
+def estimate_peak_bytes(trace) -> int:
+    """The estimated peak of live tensor bytes (inputs excluded) over a joint trace."""
+    return estimate_schedule_peak(CopySchedule(trace))
 
-    ``forward``: the storages of the trace's forward part, when already known (rewrites of one
-    trace share their forward); only the backward is then walked again.
+
+def estimate_schedule_peak(schedule: CopySchedule, storages: StorageMap | None = None) -> int:
+    """The estimated step peak of the trace a schedule would build, without building it.
+
+    ``storages``: those of the schedule's (unrewritten) trace, forward and backward, when already
+    known (the schedules of one trace share them). A copy owns new storage like the op it copies,
+    unless the op's output is a view of one of its inputs: then the copy is a view of what that
+    input is read from (a copy, or the forward's value); a backward op's view of an input it now
+    reads from a copy is a view of that copy.
     """
-    if forward is None:
-        storages = forward_storages(trace, with_backward=True)
-    else:
-        storages = forward.extended(b for b in trace.bound_symbols[:-1] if is_backward(b))
+    trace = schedule.trace
     bsyms = trace.bound_symbols
-    born: dict[str, int] = {}  # storage owner -> index of the op that allocates it
-    last_read: dict[str, int] = {}  # storage owner -> index of the last op reading a tensor on it
-    for idx, bsym in enumerate(bsyms):
-        for p in bsym.flat_proxy_args:
-            if isinstance(p, TensorProxy):
-                owner = storages.owner_of(p.name)
-                if owner not in storages.held:
-                    last_read[owner] = idx
-        for p in bsym.flat_proxy_outs:
-            if isinstance(p, TensorProxy):
-                owner = storages.owner_of(p.name)
-                if owner not in storages.held and owner not in born:
-                    born[owner] = idx
-                    last_read.setdefault(owner, idx)
-    change = [0] * (len(bsyms) + 1)  # bytes allocated at each op, freed after its index
-    for owner, idx in born.items():
-        change[idx] += storages.owner_bytes[owner]
+    if storages is None:
+        storages = forward_storages(trace, with_backward=True)
+    owner, sizes, held = storages.owner, storages.owner_bytes, storages.held
+
+    def tensors(proxies):
+        return [p.name for p in proxies if isinstance(p, TensorProxy)]
+
+    born: dict = {}  # storage -> step that allocates it
+    last_read: dict = {}  # storage -> last step reading a tensor on it
+    size: dict = {}
+    step = 0
+    copy_owner: dict = {}  # (copy number, output name) -> its storage
+    current: dict = {}  # value -> its storage, where a view now views a copy
+
+    def run(bsym, sources: dict, copy: int | None) -> None:
+        """One step: ``bsym`` reading ``sources`` (input name -> copy number) instead of the
+        forward's values; ``copy``: the number of the copy this step makes, or None."""
+        reads = tensors(bsym.flat_proxy_args)
+        now = {}
+        for name in reads:
+            k = sources.get(name)
+            now[name] = copy_owner[(k, name)] if k is not None else current.get(name) or owner.get(name, name)
+            if now[name] not in held:
+                last_read[now[name]] = step
+        for name in tensors(bsym.flat_proxy_outs):
+            original = owner.get(name, name)
+            viewed = next((a for a in reads if owner.get(a, a) == original), None)
+            if viewed is not None:
+                storage = now[viewed]
+            elif copy is not None:
+                storage = (copy, original)
+                size[storage] = sizes.get(original, 0)
+            else:
+                storage = original
+                size[storage] = sizes.get(original, 0)
+            if copy is not None:
+                copy_owner[(copy, name)] = storage
+            elif storage != original:
+                current[name] = storage
+            if storage not in held and storage not in born:
+                born[storage] = step
+                last_read.setdefault(storage, step)
+
+    for position, bsym in enumerate(bsyms):
+        for k in schedule.before.get(position, ()):
+            i, inputs = schedule.copies[k]
+            run(bsyms[i], inputs, k)
+            step += 1
+        run(bsym, schedule.reads.get(position, {}), None)
+        step += 1
+    change = [0] * (step + 1)
+    for storage, at in born.items():
+        change[at] += size.get(storage, sizes.get(storage, 0))
     frees: dict[int, int] = {}
-    for owner, idx in last_read.items():
-        if owner in born:
-            frees[idx] = frees.get(idx, 0) + storages.owner_bytes[owner]
+    for storage, at in last_read.items():
+        if storage in born:
+            frees[at] = frees.get(at, 0) + size.get(storage, sizes.get(storage, 0))
     live = peak = 0
-    for idx in range(len(bsyms)):
-        live += change[idx]
+    for at in range(step):
+        live += change[at]
         peak = max(peak, live)
-        live -= frees.get(idx, 0)
+        live -= frees.get(at, 0)
     return peak

@@ -12,27 +12,66 @@ being kept alive in between.
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+
 from thunder.core.proxies import variableify
 from thunder.core.symbol import BoundSymbolTag
 from thunder.core.trace import from_trace, tracectx
 
 from thunder_remat.joint_analysis import is_backward, reads_forward_values
 
-__all__ = ["insert_recomputation"]
+__all__ = ["CopySchedule", "insert_recomputation", "schedule_copies", "build", "MAX_CHEAP_COPIES"]
 
 
-def insert_recomputation(trace, recomputed_indices, *, window: int | None = None, cheap=frozenset(),
-                         checkpoints=(), segments=frozenset()):
-    """A new joint trace in which the backward recomputes the forward bsyms at ``recomputed_indices``.
+#: a cheap op is copied at most this many times: then its latest copy is reused, however stale.
+#: Without a bound, each far use of the end of a chain of cheap ops (the residual stream at
+#: budget 0.0) recomputes the whole chain again, copies growing with the square of the depth.
+MAX_CHEAP_COPIES = 4
 
-    Returns the trace and the forward op index of every copy made, in order.
+
+@dataclass
+class CopySchedule:
+    """Where the backward recomputes what, by names only: no bound symbol is built.
+
+    Copies are numbered in the order they are made; a copy's ``inputs`` and a reader's ``reads``
+    map an input's name to the copy whose output it reads instead of the forward's value.
+    ``estimate`` (the step peak, thunder_remat.peak_estimate) and ``build`` both read it, so the
+    "auto" checkpoint search builds only the rewrite it keeps.
+    """
+
+    trace: object
+    #: (forward op index, {input name: copy number}) per copy
+    copies: list = field(default_factory=list)
+    #: trace position of a backward reader -> the copies made just before it, in order
+    before: dict = field(default_factory=dict)
+    #: trace position of a backward reader -> {input name: copy number} it reads instead
+    reads: dict = field(default_factory=dict)
+
+    @property
+    def emitted(self) -> list[int]:
+        """The forward op of every copy, in order."""
+        return [i for i, _ in self.copies]
+
+
+def insert_recomputation(trace, recomputed_indices, **options):
+    """A new joint trace in which the backward recomputes the forward bsyms at
+    ``recomputed_indices``, and the forward op index of every copy made, in order (see
+    ``schedule_copies`` for ``options``)."""
+    schedule = schedule_copies(trace, recomputed_indices, **options)
+    return build(schedule), schedule.emitted
+
+
+def schedule_copies(trace, recomputed_indices, *, window: int | None = None, cheap=frozenset(), checkpoints=(),
+                    segments=frozenset(), max_cheap_copies: int = MAX_CHEAP_COPIES) -> CopySchedule:
+    """Where the backward recomputes the forward bsyms at ``recomputed_indices``.
 
     Each op is copied at the first backward use of its outputs and the copy is reused after that,
     except with ``window``: a copy of a ``cheap`` op (one the policies do not protect: pointwise,
     views) left unread for more than ``window`` backward bound symbols is not reused; the op runs
     again where it is next needed, from copies of its inputs (again recomputing the cheap ones
     that went stale). The stale copy is then freed after its last read instead of living until the
-    far use, which bounds how much recomputed data a long backward holds. Other ops (matmuls) are
+    far use, which bounds how much recomputed data a long backward holds; after
+    ``max_cheap_copies`` copies of one op its latest is reused. Other ops (matmuls) are
     copied once, except ``segments`` ops: a stale copy of one made only to compute a checkpoint
     op is made again near its next use, and that copy is kept. So the backward first recomputes
     the checkpoints, holding only them, then each segment from its checkpoints where it is needed
@@ -43,14 +82,81 @@ def insert_recomputation(trace, recomputed_indices, *, window: int | None = None
     again (from the outer checkpoints) near its next use. With one level that is plain
     checkpointing; with more, each level is recomputed from the one before only where it is
     first needed, as if the outer level had been saved by the forward.
+
+    So no op is copied more than ``max(max_cheap_copies, len(checkpoints) + 1)`` times.
     """
+    schedule = CopySchedule(trace)
     recompute = {i: trace.bound_symbols[i] for i in recomputed_indices}
     if not recompute:
-        return trace, []
+        return schedule
     producer_index = {p.name: i for i, b in recompute.items() for p in b.flat_proxy_outs}
+    reads_of = {i: [p.name for p in b.flat_proxy_args] for i, b in recompute.items()}
+    level: dict[int, int] = {}  # checkpoint op -> its level (1: outermost)
+    for depth, ops in enumerate(checkpoints, start=1):
+        for i in ops:
+            level.setdefault(i, depth)
+    beyond = len(checkpoints) + 1  # the level of ops that are no checkpoint
+    # op index -> [its latest copy, position of last read, level of the checkpoint it was made to
+    # compute (beyond: made for a backward use)]
+    latest: dict[int, list] = {}
+    made: dict[int, int] = {}  # op index -> copies made of it
+    length = 0  # bound symbols of the rewritten trace so far
+    pending: list[int] = []  # copies to place before the reader being processed
+
+    def fresh_enough(i: int, entry, pos: int) -> bool:
+        if window is None or pos - entry[1] <= window:
+            return True
+        if i in cheap:
+            return made[i] >= max_cheap_copies
+        if i in level or i in segments:  # stale and made for an outer level: make it again
+            return entry[2] >= level.get(i, beyond)
+        return True  # a collective (ZeRO-3 re-gather): never issued twice
+
+    def emit(i: int, pos: int, made_for: int = beyond) -> int:
+        nonlocal length
+        entry = latest.get(i)
+        if entry is not None and fresh_enough(i, entry, pos):
+            entry[1] = pos
+            return entry[0]
+        under = min(made_for, level.get(i, beyond))
+        inputs = {}
+        for name in reads_of[i]:
+            j = producer_index.get(name)
+            if j is not None and j != i:
+                inputs[name] = emit(j, pos, under)
+        schedule.copies.append((i, inputs))
+        copy = len(schedule.copies) - 1
+        pending.append(copy)
+        length += 1
+        made[i] = made.get(i, 0) + 1
+        latest[i] = [copy, pos, made_for]
+        return copy
+
+    for position, bsym in enumerate(trace.bound_symbols):
+        if is_backward(bsym) and reads_forward_values(bsym):
+            reads = {}
+            for p in bsym.flat_proxy_args:
+                j = producer_index.get(p.name)
+                if j is not None:
+                    reads[p.name] = emit(j, length)
+            if pending:
+                schedule.before[position] = list(pending)
+                pending.clear()
+            if reads:
+                schedule.reads[position] = reads
+        length += 1
+    return schedule
+
+
+def build(schedule: CopySchedule):
+    """The rewritten joint trace a schedule describes: each copy a ``BACKWARD`` bound symbol
+    writing fresh names (``rc_<name>``, then ``rc_<name>_0``, ...), each reader switched to it."""
+    trace = schedule.trace
+    if not schedule.copies:
+        return trace
     new = from_trace(trace)
-    # A name set of its own: a rewrite that is tried and dropped ("auto" checkpoints) leaves no
-    # names behind, and each copy's name is found in one or two lookups (a counter per value).
+    # A name set of its own: a rewrite that is tried and dropped leaves no names behind, and each
+    # copy's name is found in one or two lookups (a counter per value).
     new.names = set(trace.names)
     copies_of: dict[str, int] = {}
 
@@ -63,60 +169,31 @@ def insert_recomputation(trace, recomputed_indices, *, window: int | None = None
         copies_of[name] = k + 1
         return candidate
 
+    outputs: list[dict] = []  # per copy: output name -> its new proxy
+
+    def swap_for(bsym, sources: dict) -> dict:
+        return {variableify(p): outputs[sources[p.name]][p.name] for p in bsym.flat_proxy_args if p.name in sources}
+
     new.bound_symbols = []
-    level: dict[int, int] = {}  # checkpoint op -> its level (1: outermost)
-    for depth, ops in enumerate(checkpoints, start=1):
-        for i in ops:
-            level.setdefault(i, depth)
-    beyond = len(checkpoints) + 1  # the level of ops that are no checkpoint
-    # op index -> [swap entries for its outputs, position of last read, level of the checkpoint it
-    # was made to compute (beyond: made for a backward use)]
-    copies: dict[int, list] = {}
-    emitted: list[int] = []
-
-    def fresh_enough(i: int, entry, pos: int) -> bool:
-        if window is None or pos - entry[1] <= window:
-            return True
-        if i in cheap:
-            return False
-        if i in level or i in segments:  # stale and made for an outer level: make it again
-            return entry[2] >= level.get(i, beyond)
-        return True  # a collective (ZeRO-3 re-gather): never issued twice
-
-    def emit(i: int, pos: int, made_for: int = beyond) -> dict:
-        entry = copies.get(i)
-        if entry is not None and fresh_enough(i, entry, pos):
-            entry[1] = pos
-            return entry[0]
-        bsym = recompute[i]
-        swap: dict = {}
-        under = min(made_for, level.get(i, beyond))
-        for p in bsym.flat_proxy_args:
-            j = producer_index.get(p.name)
-            if j is not None and j != i:
-                swap.update(emit(j, pos, under))
-        with tracectx(new):
-            outs = {variableify(out): out.replace_name(copy_name(out.name)) for out in bsym.flat_proxy_outs}
-        swap.update(outs)
-        copy = bsym.from_bsym_swap_proxies(swap, skip_inputs=False, skip_output=False, skip_subsymbols=False)
-        copy.tags.add(BoundSymbolTag.BACKWARD)
-        copy.tags.discard(BoundSymbolTag.RECOMPUTE_IN_BACKWARD)
-        new.bound_symbols.append(copy)
-        emitted.append(i)
-        copies[i] = [outs, pos, made_for]
-        return outs
-
-    for bsym in trace.bound_symbols:
-        if is_backward(bsym) and reads_forward_values(bsym):
-            swap: dict = {}
-            for p in bsym.flat_proxy_args:
-                j = producer_index.get(p.name)
-                if j is not None:
-                    swap.update(emit(j, len(new.bound_symbols)))
-            if swap:
-                bsym = bsym.from_bsym_swap_proxies(swap, skip_inputs=False, skip_output=True, skip_subsymbols=False)
+    for position, bsym in enumerate(trace.bound_symbols):
+        for k in schedule.before.get(position, ()):
+            i, inputs = schedule.copies[k]
+            original = trace.bound_symbols[i]
+            swap = swap_for(original, inputs)
+            with tracectx(new):
+                outs = {p.name: p.replace_name(copy_name(p.name)) for p in original.flat_proxy_outs}
+            swap.update({variableify(p): outs[p.name] for p in original.flat_proxy_outs})
+            copy = original.from_bsym_swap_proxies(swap, skip_inputs=False, skip_output=False, skip_subsymbols=False)
+            copy.tags.add(BoundSymbolTag.BACKWARD)
+            copy.tags.discard(BoundSymbolTag.RECOMPUTE_IN_BACKWARD)
+            new.bound_symbols.append(copy)
+            outputs.append(outs)
+        reads = schedule.reads.get(position)
+        if reads:
+            bsym = bsym.from_bsym_swap_proxies(swap_for(bsym, reads), skip_inputs=False, skip_output=True,
+                                               skip_subsymbols=False)
         new.bound_symbols.append(bsym)
-    return new, emitted
+    return new
 
 
 def prefetch_regathers(trace, depth: int):

@@ -13,8 +13,8 @@ import warnings
 from dataclasses import dataclass, field
 
 from thunder_remat.joint_analysis import build_save_problem, forward_storages
-from thunder_remat.peak_estimate import estimate_peak_bytes
-from thunder_remat.recompute_rewrite import insert_recomputation, prefetch_regathers
+from thunder_remat.peak_estimate import estimate_schedule_peak
+from thunder_remat.recompute_rewrite import build, prefetch_regathers, schedule_copies
 from thunder_remat.save_plan import BudgetChoice, Frontier, build_frontier, choose_fastest, choose_plan, is_fastest_budget
 from thunder_remat.save_problem import SaveProblem, with_measured_costs
 from thunder_remat.verify import verify
@@ -157,7 +157,7 @@ def backward_checkpoints(problem: SaveProblem, choice: BudgetChoice, fractions) 
     (recomputed, only while the backward runs) and recomputing the rest from them near its use
     brings the step's peak down to about the anchor plan's. With a second level, the backward
     holds the first anchor's values and recomputes the second's from them where they are first
-    needed, as the first anchor's own backward would (see ``insert_recomputation``).
+    needed, as the first anchor's own backward would (see ``schedule_copies``).
     """
     if choice.frontier is None:
         return ()
@@ -178,7 +178,7 @@ def backward_checkpoints(problem: SaveProblem, choice: BudgetChoice, fractions) 
     return tuple(levels)
 
 
-def _rewrite(trace, problem: SaveProblem, plan, window, checkpoints=()):
+def _schedule(trace, problem: SaveProblem, plan, window, checkpoints=()):
     # Re-gathers (FSDP ZeRO-3) are recomputed by rule but are collectives: never issued twice.
     held = frozenset().union(*checkpoints)
     cheap = frozenset(op.index for op in problem.ops
@@ -186,19 +186,19 @@ def _rewrite(trace, problem: SaveProblem, plan, window, checkpoints=()):
     recomputed = set(plan.recomputed)
     segments = frozenset(op.index for op in problem.ops if op.index in recomputed and not op.collective
                          and op.index not in held and op.index not in cheap)
-    return insert_recomputation(trace, plan.recomputed, window=window, cheap=cheap, checkpoints=checkpoints,
-                                segments=segments)
+    return schedule_copies(trace, plan.recomputed, window=window, cheap=cheap, checkpoints=checkpoints,
+                           segments=segments)
 
 
 @dataclass
 class _Candidate:
     """One checkpoint setting tried by "auto": its anchor chain, levels and estimated step peak;
-    its rewrite is kept only while it can still be chosen."""
+    its copy schedule is kept only while it can still be chosen."""
 
     chain: tuple
     levels: tuple
     peak: int
-    rewrite: tuple | None = None
+    schedule: object = None
 
 
 def choose_anchor(plain_peak: int, candidates):
@@ -214,23 +214,26 @@ def choose_anchor(plain_peak: int, candidates):
 
 
 def _rewrite_with_checkpoints(trace, problem: SaveProblem, choice: BudgetChoice, config, result):
-    """The rewritten trace and its copies, with the backward checkpoints ``config`` asks for."""
+    """The copy schedule of the rewrite, with the backward checkpoints ``config`` asks for.
+
+    "auto" estimates the step peak of each candidate's schedule (no bound symbol is built for
+    the candidates it drops)."""
     window = config.recompute_window or None
     setting = config.checkpoint_budget
     if window is None or setting is False or choice.frontier is None:
-        return _timed_rewrite(result, trace, problem, choice.plan, window)
+        return _timed_schedule(result, trace, problem, choice.plan, window)
     if setting != "auto":
         with _timed(result, "solve_ms"):
             levels = backward_checkpoints(problem, choice, setting if isinstance(setting, tuple) else (setting,))
         _record_checkpoints(result, levels)
-        return _timed_rewrite(result, trace, problem, choice.plan, window, tuple(ops for _, ops in levels))
+        return _timed_schedule(result, trace, problem, choice.plan, window, tuple(ops for _, ops in levels))
     ops = {op.index: op for op in problem.ops}
-    plain = _timed_rewrite(result, trace, problem, choice.plan, window)
+    plain = _timed_schedule(result, trace, problem, choice.plan, window)
     if not any(ops[i].soft_ban for i in choice.plan.recomputed):
         return plain  # only cheap ops recomputed: the window alone bounds what the backward holds
     with _timed(result, "estimate_ms"):
-        forward = forward_storages(trace)  # shared by every rewrite's estimate
-        plain_peak = estimate_peak_bytes(plain[0], forward)
+        storages = forward_storages(trace, with_backward=True)  # shared by every estimate
+        plain_peak = estimate_schedule_peak(plain, storages)
     result.peak_estimate, result.peak_estimate_without_checkpoints = plain_peak, plain_peak
     seen = set()
 
@@ -241,11 +244,11 @@ def _rewrite_with_checkpoints(trace, problem: SaveProblem, choice: BudgetChoice,
         if not held or held in seen:
             return None
         seen.add(held)
-        rewrite = _timed_rewrite(result, trace, problem, choice.plan, window, held)
+        schedule = _timed_schedule(result, trace, problem, choice.plan, window, held)
         with _timed(result, "estimate_ms"):
-            peak = estimate_peak_bytes(rewrite[0], forward)
+            peak = estimate_schedule_peak(schedule, storages)
         result.anchor_estimates[chain] = peak
-        return _Candidate(chain, levels, peak, rewrite)
+        return _Candidate(chain, levels, peak, schedule)
 
     singles = []
     for fraction in AUTO_ANCHORS:
@@ -269,22 +272,22 @@ def _rewrite_with_checkpoints(trace, problem: SaveProblem, choice: BudgetChoice,
             break
     _record_checkpoints(result, best.levels)
     result.peak_estimate = best.peak
-    return best.rewrite
+    return best.schedule
 
 
 def _let_go(plain_peak: int, candidates) -> None:
-    """Drop the rewrites of candidates that can no longer be chosen: those short of the minimum
+    """Drop the schedules of candidates that can no longer be chosen: those short of the minimum
     gain, and those above the tie band of the lowest so far (the lowest only falls)."""
     limit = (1.0 - AUTO_MIN_GAIN) * plain_peak
     lowest = min((c.peak for c in candidates if c.peak <= limit), default=None)
     for c in candidates:
         if lowest is None or c.peak > limit or c.peak > (1.0 + AUTO_TIE) * lowest:
-            c.rewrite = None
+            c.schedule = None
 
 
-def _timed_rewrite(result, trace, problem, plan, window, checkpoints=()):
+def _timed_schedule(result, trace, problem, plan, window, checkpoints=()):
     with _timed(result, "rewrite_ms"):
-        return _rewrite(trace, problem, plan, window, checkpoints)
+        return _schedule(trace, problem, plan, window, checkpoints)
 
 
 class _timed:
@@ -325,9 +328,10 @@ def plan_saved_values(trace, config, *, zero3: bool = False) -> SavePassResult:
             else:
                 choice = choose_plan(build_frontier(problem, config.solver), config.budget)
             result.choice = choice
-        new, emitted = _rewrite_with_checkpoints(trace, problem, choice, config, result)
-        result.copied_ops = tuple(emitted)
+        schedule = _rewrite_with_checkpoints(trace, problem, choice, config, result)
+        result.copied_ops = tuple(schedule.emitted)
         with _timed(result, "rewrite_ms"):
+            new = build(schedule)
             if regather:
                 new = prefetch_regathers(new, config.fsdp_prefetch)
             if config.verify:
