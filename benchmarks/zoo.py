@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import argparse
 import logging
-import re
 import sys
 import time
 import warnings
@@ -153,18 +152,6 @@ def table(rows, size) -> str:
     return "\n".join(lines)
 
 
-def write_table(path, text) -> None:
-    with open(path) as f:
-        doc = f.read()
-    block = f"{START}\n{text}\n{END}"
-    if START in doc and END in doc:
-        doc = re.sub(re.escape(START) + ".*?" + re.escape(END), lambda _: block, doc, flags=re.S)
-    else:
-        doc = doc.rstrip("\n") + "\n\n" + block + "\n"
-    with open(path, "w") as f:
-        f.write(doc)
-
-
 def main(argv=None) -> int:
     warnings.filterwarnings("ignore")
     args = parse_args(argv)
@@ -186,7 +173,9 @@ def main(argv=None) -> int:
     text = table(rows, args.size)
     print(text)
     if args.write:
-        write_table(args.write, text)
+        from doc_tables import replace_block
+
+        replace_block(args.write, START, END, text)
     return 0
 
 

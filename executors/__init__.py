@@ -34,13 +34,12 @@ def fusion_executor_by_name(name: str):
 
         return torch_compile_ex
     if name == "nvfuser":
-        from thunder_remat.executors.nvfuser import nvfuser_available
-
-        if not nvfuser_available():
-            raise RuntimeError("the nvfuser executor needs the nvfuser package and a CUDA GPU")
         import thunder
 
-        return thunder.get_executor("nvfuser")
+        executor = thunder.get_executor("nvfuser")
+        if executor is None:  # Thunder registers it only with an nvFuser wheel and CUDA
+            raise RuntimeError("the nvfuser executor needs an nvFuser wheel for this torch and a CUDA GPU")
+        return executor
     raise ValueError(f"fusion executor must be one of {list(EXECUTOR_NAMES)}, got {name!r}")
 
 

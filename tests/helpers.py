@@ -126,3 +126,52 @@ def forward_tensors(joint, inputs: dict) -> dict:
                 made.setdefault(p.name, p)
     run = _region_callable([b for _, b in forward], args, list(made.values()))
     return dict(zip(made, run(*inputs.values())))
+
+
+def trace_inputs(trace) -> list:
+    """The tensors a trace unpacks from its arguments: parameters and inputs for a forward trace,
+    saved values and cotangents for a backward one."""
+    from thunder.core.proxies import TensorProxy
+
+    return [p for b in trace.bound_symbols if b.sym.id in (thunder.prims.PrimIDs.UNPACK_TRIVIAL,
+                                                           thunder.prims.PrimIDs.UNPACK_SEQUENCE)
+            for p in b.flat_proxy_outs if isinstance(p, TensorProxy)]
+
+
+def region_crossing_bytes(trace) -> int:
+    """Bytes of the distinct storages one fusion region of ``trace`` writes and another reads
+    (views count their base once; storages of the trace's inputs count nothing)."""
+    from thunder_remat.storage import storage_map
+
+    storages = storage_map(trace.bound_symbols[:-1], trace_inputs(trace))
+    written = {p.name: i for i, b in enumerate(trace.bound_symbols) if b.sym.is_fusion for p in b.flat_proxy_outs}
+    read = {p.name for i, b in enumerate(trace.bound_symbols) if b.sym.is_fusion
+            for p in b.flat_proxy_args if written.get(p.name, i) != i}
+    return storages.bytes_held(read)
+
+
+def saved_storage_bytes(forward) -> int:
+    """Bytes of the distinct storages a forward trace hands its backward (parameters and inputs
+    count nothing: they are held anyway)."""
+    from thunder_remat.storage import storage_map
+
+    flat, _ = thunder.core.pytree.tree_flatten(forward.output[1])
+    storages = storage_map(forward.bound_symbols[:-1], trace_inputs(forward))
+    return storages.bytes_held(p.name for p in flat if isinstance(p, thunder.core.proxies.TensorProxy))
+
+
+@dataclass(frozen=True)
+class Crossing:
+    """Storage bytes crossing region boundaries in one compilation's final traces."""
+
+    forward: int  # region to region inside the forward
+    saved: int  # forward to backward (saved for backward)
+    backward: int  # region to region inside the backward
+
+    @property
+    def total(self) -> int:
+        return self.forward + self.saved + self.backward
+
+
+def bytes_crossing(forward, backward) -> Crossing:
+    return Crossing(region_crossing_bytes(forward), saved_storage_bytes(forward), region_crossing_bytes(backward))

@@ -64,7 +64,8 @@ class PairProblem:
     producer_inputs: frozenset[str]
     #: value -> why it must be computed by the producer (attached to the source)
     pinned: dict[str, str]
-    #: values that may cross at no cost (the producer emits them anyway, or the consumer reads them already)
+    #: values that may cross at no cost (the producer emits them, or a view of them, for others
+    #: anyway, or the consumer reads them already)
     free: frozenset[str]
     #: values that may not cross at all (mutated in place later in the trace)
     frozen: frozenset[str]
@@ -132,7 +133,11 @@ def build_pair_problem(
         if name in external_outputs:
             pinned.setdefault(name, "needed outside this pair")
     needed = tuple(n for n in producer_outputs if n in consumer_reads)
-    free = frozenset(n for n in names if n in external_outputs or (n in producer_inputs and n in consumer_reads))
+    # Handing over an external output costs nothing (the producer emits it for others anyway),
+    # and so does handing over any value sharing its storage (its base, when it is a view).
+    alive = {storages.owner_of(n) for n in external_outputs if n in seen}
+    free = frozenset(n for n in names if n in external_outputs or (n in producer_inputs and n in consumer_reads)
+                     or storages.owner_of(n) in alive)
     frozen = frozenset(n for n in names if n in mutated)
 
     return PairProblem(

@@ -1,0 +1,21 @@
+"""Writing a benchmark's markdown table into a document, between two marker comments."""
+
+from __future__ import annotations
+
+import re
+
+__all__ = ["replace_block"]
+
+
+def replace_block(path, start: str, end: str, text: str) -> None:
+    """Put ``text`` between the lines ``start`` and ``end`` of the file at ``path`` (appended with
+    the markers if the file has none yet)."""
+    with open(path) as f:
+        doc = f.read()
+    block = f"{start}\n{text}\n{end}"
+    if start in doc and end in doc:
+        doc = re.sub(re.escape(start) + ".*?" + re.escape(end), lambda _: block, doc, flags=re.S)
+    else:
+        doc = doc.rstrip("\n") + "\n\n" + block + "\n"
+    with open(path, "w") as f:
+        f.write(doc)
