@@ -86,7 +86,8 @@ def bench(entry, size, executor_name, torch_bytes) -> dict:
         alone = run_zoo_model(entry, executors, size)
     except Exception as exc:  # a Thunder 0.2.6 limitation: thunder_remat cannot be compared there
         log.warning("%s / %s: Thunder alone fails: %s: %s", entry.name, executor_name, type(exc).__name__, exc)
-        return dict(model=entry.name, executor=executor_name, error=f"{type(exc).__name__}: {str(exc)[:80]}")
+        first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+        return dict(model=entry.name, executor=executor_name, error=f"{type(exc).__name__}: {first_line[:80]}")
     row = dict(model=entry.name, executor=executor_name, thunder=alone.saved.activation_bytes,
                thunder_ok=same_gradients(ref, alone.grads), runs={}, byte_runs=[], torch=torch_bytes)
     frontier = None
