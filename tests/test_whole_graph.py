@@ -290,7 +290,7 @@ def test_below_the_checkpoint_budget_the_backward_recomputes_from_checkpoints(mo
     jm, out, grads, saved = train_step("gpt", 0.1, remat=True, remat_memory_budget=0.0, remat_checkpoint_budget=0.1)
     result = thunder_remat.last_save_plan(jm)
     jm_plan = result.choice.plan
-    anchor = wg.choose_plan(result.frontier(), ("fraction", 0.1), fill_gap=False).plan
+    anchor = wg.choose_plan(result.frontier(), ("fraction", 0.1)).plan
     held = set(anchor.saved) - set(jm_plan.saved)
     ops = {op.index: op for op in result.problem.ops}
     assert result.checkpoint_ops == tuple(sorted(i for i in jm_plan.recomputed if held & set(ops[i].outputs)))
@@ -334,7 +334,7 @@ def test_nested_checkpoints_recompute_the_outer_level_from_the_inner(monkeypatch
     assert result.checkpoint_levels == (tuple(sorted(inner)), tuple(sorted(outer)))
     assert result.checkpoint_anchors == (0.1, 0.3) and result.checkpoint_anchor == 0.1
     assert "anchored at budget 0.1, 0.3" in result.provenance()
-    plans = [wg.choose_plan(result.frontier(), ("fraction", f), fill_gap=False).plan for f in (0.1, 0.3)]
+    plans = [wg.choose_plan(result.frontier(), ("fraction", f)).plan for f in (0.1, 0.3)]
     ops = {op.index: op for op in result.problem.ops}
     assert all(set(ops[i].outputs) & set(plans[0].saved) for i in inner)
     assert all(set(ops[i].outputs) & (set(plans[1].saved) - set(plans[0].saved)) for i in outer)

@@ -147,8 +147,8 @@ AUTO_TIE = 0.03
 
 def backward_checkpoints(problem: SaveProblem, choice: BudgetChoice, fractions) -> tuple[tuple[float, frozenset[int]], ...]:
     """Recomputed ops whose outputs the backward holds as checkpoints: (fraction, ops) for one
-    level per budget in ``fractions``, nearest the chosen plan first, anchored at the frontier's
-    plan for that budget; a level is left out if its plan saves no more than the chosen one or
+    level per budget in ``fractions``, nearest the chosen plan first, anchored at the plan that
+    budget would choose; a level is left out if its plan saves no more than the chosen one or
     adds no op.
 
     A plan far below the fastest recomputes most of the forward; recomputed once, at first use,
@@ -165,9 +165,7 @@ def backward_checkpoints(problem: SaveProblem, choice: BudgetChoice, fractions) 
     covered = set(choice.plan.saved)
     levels = []
     for fraction in sorted(fractions):
-        # an anchor is the frontier's plan for that budget: no gap is filled for it (the anchor
-        # only decides which values the backward holds, and filling costs cuts per anchor tried)
-        anchor = choose_plan(choice.frontier, ("fraction", float(fraction)), fill_gap=False).plan
+        anchor = choose_plan(choice.frontier, ("fraction", float(fraction))).plan
         if anchor.saved_bytes <= choice.plan.saved_bytes:
             continue
         held = set(anchor.saved) - covered
