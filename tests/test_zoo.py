@@ -2,6 +2,7 @@
 the storages really saved are exactly the bytes the plan promised (benchmarks/zoo.py runs them all)."""
 
 import warnings
+from collections import Counter
 
 import pytest
 
@@ -12,6 +13,13 @@ from thunder_remat.whole_graph import BudgetInfeasibleWarning
 from thunder_remat.zoo import ZOO, available, eager_gradients, run_zoo_model, same_gradients, zoo_model
 
 PYTHIA, BERT, LLAMA = "litgpt pythia-14m", "transformers BERT", "transformers Llama"
+
+
+def copy_bound(plan) -> int:
+    """No forward op is copied into the backward more often than this (recompute_rewrite)."""
+    from thunder_remat.recompute_rewrite import MAX_CHEAP_COPIES
+
+    return max(MAX_CHEAP_COPIES, len(plan.checkpoint_levels) + 1)
 
 
 def _needs(name):
@@ -44,6 +52,7 @@ def test_zoo_model_saves_what_its_plan_promised_and_trains_like_eager(references
         assert plan.failed is None, plan.failed
         assert same_gradients(ref, run.grads), (name, executor, budget)
         assert run.saved.activation_bytes == plan.choice.plan.saved_bytes, (name, executor, budget)
+        assert max(Counter(plan.copied_ops).values(), default=0) <= copy_bound(plan)
         measured.append(run.saved.activation_bytes)
         if budget == 1.0:
             # never more than Thunder's own pass, on the same joint trace
