@@ -1,5 +1,6 @@
 """The igraph min cut against networkx, and the pair network's decisions on hand-made problems."""
 
+import dataclasses
 import math
 import random
 
@@ -100,6 +101,40 @@ def test_free_value_crosses_at_no_cost():
 def test_mutated_input_cannot_be_reread():
     _, cut, plan = solve_pair(chain_problem(frozen=frozenset({"x"})))
     assert plan.transferred == ("b",)  # ties with a at 64 bytes; b recomputes less
+    assert cut.value == 64
+
+
+def test_the_output_of_a_write_crosses_as_the_storage_it_wrote():
+    """x <- copy_(a, x) makes w, a view of x; v is a view of w. x itself is overwritten (frozen),
+    but w is what x's storage holds from then on: w crosses at x's price, v is made again. The
+    write is not run again: its destination x is the producer's input, not made again."""
+    problem = PairProblem(
+        producer="P", consumer="C", values=("x", "a", "w", "v"), nbytes=(64, 64, 64, 64),
+        ops=((("x",), ("a",)), (("a", "x"), ("w",)), (("w",), ("v",))), producer_inputs=frozenset({"x"}),
+        pinned={}, free=frozenset(), frozen=frozenset({"x"}), needed=("v",),
+        views={"w": "x", "v": "x"}, storage={n: ("x", 64) for n in ("x", "w", "v")} | {"a": ("a", 64)},
+        writes={"w": "x"},
+    )
+    _, cut, plan = solve_pair(problem)
+    assert plan.transferred == ("w",)
+    assert plan.recomputed == ("v",)
+    assert cut.value == 32  # x's storage, a producer input, at half price
+
+
+def test_a_write_runs_again_with_its_destination():
+    """x -> d -> (w <- copy_(e, d)) with e from d: the consumer may make d again and write into it."""
+    problem = PairProblem(
+        producer="P", consumer="C", values=("x", "d", "e", "w"), nbytes=(64, 64, 64, 64),
+        ops=((("x",), ("d",)), (("d",), ("e",)), (("e", "d"), ("w",))), producer_inputs=frozenset({"x"}),
+        pinned={}, free=frozenset({"x"}), frozen=frozenset({"d"}), needed=("w",),
+        views={"w": "d"}, storage={"x": ("x", 64), "d": ("d", 64), "e": ("e", 64), "w": ("d", 64)},
+        writes={"w": "d"},
+    )
+    _, cut, plan = solve_pair(problem)
+    assert cut.value == 0 and plan.recomputed == ("d", "e", "w")
+    # pin d in the producer: then the write may not run again, w crosses as d's storage
+    _, cut, plan = solve_pair(dataclasses.replace(problem, pinned={"d": "matmul"}))
+    assert plan.transferred == ("w",) and plan.recomputed == ()
     assert cut.value == 64
 
 

@@ -67,18 +67,20 @@ def value_capacity(problem: PairProblem, name: str, size: int) -> float:
 
     A view does not cross (its base does, and the consumer makes the view again for free), so
     that handing over several views of one base never costs more than the base; a view that must
-    cross (pinned) costs what its base would.
+    cross (pinned), or a write's output (what its storage holds), costs what its base would.
     """
     if name in problem.frozen:
         return math.inf
     if name in problem.free:
         return 0.0
     owner = problem.views.get(name)
-    if owner is not None:
-        if name not in problem.pinned:
-            return math.inf
-        if owner != name:
-            return value_capacity(problem, owner, problem.storage[owner][1])
+    if owner is not None and name not in problem.pinned and name not in problem.writes:
+        return math.inf
+    if owner is not None and owner != name:
+        # priced as its storage; the base may be frozen (overwritten by the write making this)
+        name, size = owner, problem.storage[owner][1]
+    if name in problem.free:
+        return 0.0
     if name in problem.producer_inputs:
         return size * problem.producer_input_discount
     return float(size)
@@ -111,6 +113,11 @@ def build_network(problem: PairProblem) -> PairNetwork:
             for b in outs:
                 edges.append((at[a] + 1, at[b]))
                 caps.append(math.inf)
+    for written, destination in problem.writes.items():  # the write runs again only with it
+        if written in problem.pinned:
+            continue
+        edges.append((at[destination], at[written]))
+        caps.append(math.inf)
     for name in problem.needed:
         edges.append((at[name] + 1, sink))
         caps.append(math.inf)

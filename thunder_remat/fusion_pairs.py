@@ -16,11 +16,10 @@ from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from thunder.core.prims import OpTags
 
 from thunder_remat.config import RematConfig
 from thunder_remat.flow_graph import solve_pair
-from thunder_remat.joint_analysis import is_backward_region
+from thunder_remat.joint_analysis import in_place_destination, is_backward_region
 from thunder_remat.pair_problem import TagCache, build_pair_problem
 from thunder_remat.rewrite import rewrite_pair
 
@@ -99,20 +98,22 @@ def _readers(bsyms) -> dict[str, set[int]]:
     return readers
 
 
-def _mutated_names(bsyms, tags_of) -> frozenset[str]:
-    """Values written in place anywhere in the trace: re-reading them later would see new data."""
-    names: set[str] = set()
+def _written_in_place(bsyms) -> dict[str, int]:
+    """How many in-place writes each value receives anywhere in the trace (as the destination)."""
+    writes: dict[str, int] = defaultdict(int)
 
     def visit(bsym) -> None:
         if bsym.sym.is_fusion:
             for sub in bsym.subsymbols:
                 visit(sub)
-        elif OpTags.IN_PLACE in tags_of(bsym) or bsym.sym.name in ("copy_", "copy_with_setitem"):
-            names.update(p.name for p in bsym.flat_proxy_args)
+            return
+        name = getattr(in_place_destination(bsym), "name", None)
+        if name is not None:
+            writes[name] += 1
 
     for bsym in bsyms:
         visit(bsym)
-    return frozenset(names)
+    return dict(writes)
 
 
 #: status of a pair from a forward region into a backward one when the whole-graph pass chose
@@ -145,7 +146,7 @@ def rematerialize_fusion_pairs(
         return result
     readers = _readers(bsyms)
     tags_of = TagCache()
-    mutated = _mutated_names(bsyms, tags_of)
+    written = _written_in_place(bsyms)
     changed: set[int] = set()
 
     for pi, ci in pairs:
@@ -165,7 +166,7 @@ def rematerialize_fusion_pairs(
                 producer,
                 consumer,
                 external_outputs=external,
-                mutated=mutated,
+                written=written,
                 consumer_can_fuse=consumer_adapter.can_fuse,
                 same_executor=same,
                 producer_input_discount=config.producer_input_discount,

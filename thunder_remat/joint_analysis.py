@@ -147,6 +147,20 @@ def forward_storages(trace, *, with_backward: bool = False) -> StorageMap:
     return storage_map([bsym for _, bsym in ops], held.values())
 
 
+def in_place_destination(bsym):
+    """The tensor an op writes in place, or None: ``copy_(source, destination)`` writes its second
+    argument, ``copy_with_setitem`` and torch's in-place methods their first; the rest are read.
+
+    Running a write again is sound only into a destination made again with it (a fresh tensor):
+    both passes recompute a write only together with its destination. ``copy_`` carries no
+    IN_PLACE tag in Thunder 0.2.6, and torch's in-place methods keep theirs (a hard ban)."""
+    if bsym.sym.name == "copy_":
+        return bsym.args[1] if len(bsym.args) > 1 else None
+    if bsym.sym.name == "copy_with_setitem" or prims.OpTags.IN_PLACE in (bsym.sym.tags or ()):
+        return bsym.args[0] if bsym.args else None
+    return None
+
+
 def tag_names(bsym) -> frozenset[str]:
     names = set()
     for tag in (bsym.sym.tags or ()):
@@ -238,8 +252,18 @@ def build_save_problem(trace, policies, *, regather_params: bool = False) -> Sav
         if hasattr(p, "name"):
             add_value(p, True)
 
+    # storage owner -> forward values of it made so far: a write overwrites them all
+    made_on: dict[str, set[str]] = {}
+    overwritten: set[str] = set()
     for i, bsym in forward:
+        destination = getattr(in_place_destination(bsym), "name", None)
+        if destination in problem.values:
+            overwritten.update(made_on.get(storages.owner_of(destination), ()))
+        else:
+            destination = None
         outs = [p for p in bsym.flat_proxy_outs if p.name not in problem.values]
+        for p in outs:
+            made_on.setdefault(storages.owner_of(p.name), set()).add(p.name)
         if not outs:
             continue
         reads = [p for p in bsym.flat_proxy_args if p.name in problem.values]
@@ -271,8 +295,10 @@ def build_save_problem(trace, policies, *, regather_params: bool = False) -> Sav
                 force_recompute=judgement.recompute,
                 source=_source(bsym),
                 collective=collective_name(bsym) is not None,
+                writes=destination,
             )
         )
+    problem.overwritten = frozenset(n for n in overwritten if not problem.values[n].is_input)
 
     needed = {}
     for _, bsym in backward:

@@ -6,13 +6,13 @@ names and byte counts.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
 
 from thunder.core.prims import OpTags
 
 from thunder_remat.cost import value_bytes
-from thunder_remat.joint_analysis import collective_name, op_facts
+from thunder_remat.joint_analysis import collective_name, in_place_destination, op_facts
 from thunder_remat.policies import judge_op
 from thunder_remat.storage import storage_map
 
@@ -35,6 +35,7 @@ class TagCache:
             tags |= self(sub)
         self._tags[id(bsym)] = (bsym, tags)
         return tags
+
 
 #: Ops whose outputs are never recomputed by a consumer region: recomputing a random op gives
 #: different numbers, a reduction or matmul costs far more than reading its (smaller) result.
@@ -67,7 +68,8 @@ class PairProblem:
     #: values that may cross at no cost (the producer emits them, or a view of them, for others
     #: anyway, or the consumer reads them already)
     free: frozenset[str]
-    #: values that may not cross at all (mutated in place later in the trace)
+    #: values that may not cross at all: their storage is written in place after they were made
+    #: (the output of the write itself may cross: it is what the storage holds from then on)
     frozen: frozenset[str]
     #: producer outputs the consumer reads today
     needed: tuple[str, ...]
@@ -77,6 +79,9 @@ class PairProblem:
     views: dict = field(default_factory=dict)
     #: value -> (owner of its storage, that storage's bytes), for every value
     storage: dict = field(default_factory=dict)
+    #: output of an in-place write -> the value it writes: the consumer runs the write again only
+    #: if it makes that value again too (a fresh tensor); the output may cross as that storage
+    writes: dict = field(default_factory=dict)
 
     def crossing_bytes(self, names) -> int:
         """Bytes of the distinct storages that handing ``names`` over keeps alive."""
@@ -89,7 +94,7 @@ def build_pair_problem(
     consumer,
     *,
     external_outputs: Collection[str],
-    mutated: Collection[str],
+    written: Mapping[str, int],
     consumer_can_fuse: Callable[[object], bool],
     same_executor: bool,
     producer_input_discount: float,
@@ -112,15 +117,22 @@ def build_pair_problem(
     producer_inputs = frozenset(names)
     storages = storage_map(producer.subsymbols, producer.flat_proxy_args)
 
+    tags = tags_of or TagCache()
     pinned: dict[str, str] = {}
+    made_by_write: set[str] = set()
+    writes: dict[str, str] = {}
     ops = []
     for bsym in producer.subsymbols:
         outs = bsym.flat_proxy_outs
+        destination = getattr(in_place_destination(bsym), "name", None)
+        if destination in seen:
+            made_by_write.update(p.name for p in outs)
+            writes.update((p.name, destination) for p in outs)
         for proxy in outs:
             add(proxy)
         ins = tuple(dict.fromkeys(p.name for p in bsym.flat_proxy_args if p.name in seen))
         ops.append((ins, tuple(p.name for p in outs)))
-        reason = _keep_in_producer_reason(bsym, tags_of or TagCache(), policies)
+        reason = _keep_in_producer_reason(bsym, tags, policies)
         if reason is None and not same_executor and not consumer_can_fuse(bsym):
             reason = "consumer's executor cannot fuse it"
         if reason is not None:
@@ -138,7 +150,12 @@ def build_pair_problem(
     alive = {storages.owner_of(n) for n in external_outputs if n in seen}
     free = frozenset(n for n in names if n in external_outputs or (n in producer_inputs and n in consumer_reads)
                      or storages.owner_of(n) in alive)
-    frozen = frozenset(n for n in names if n in mutated)
+    frozen = _overwritten(names, storages, written, made_by_write)
+    # A write the consumer made again would change what the consumer reads from before it.
+    stale_reads = {storages.owner_of(n) for n in consumer_reads if n in frozen}
+    for out, destination in writes.items():
+        if storages.owner_of(destination) in stale_reads:
+            pinned.setdefault(out, "in-place write into a storage the consumer reads from before it")
 
     return PairProblem(
         producer=producer.sym.name,
@@ -155,7 +172,21 @@ def build_pair_problem(
         views={n: storages.owner_of(n) for n in names if n in storages.maybe_view},
         storage={n: (storages.owner_of(n), storages.owner_bytes.get(storages.owner_of(n), size))
                  for n, size in zip(names, sizes)},
+        writes=writes,
     )
+
+
+def _overwritten(names, storages, written: Mapping[str, int], made_by_write) -> frozenset[str]:
+    """Values whose storage receives an in-place write they did not come from.
+
+    Writes are counted per storage over every name of it the producer knows; a value made by a
+    write owns one of them (it is the data the storage holds afterwards).
+    """
+    names_of: dict[str, set[str]] = {}
+    for n in names:
+        names_of.setdefault(storages.owner_of(n), set()).add(n)
+    writes = {owner: sum(written.get(n, 0) for n in group | {owner}) for owner, group in names_of.items()}
+    return frozenset(n for n in names if writes[storages.owner_of(n)] > (1 if n in made_by_write else 0))
 
 
 def _keep_in_producer_reason(bsym, tags_of, policies=()) -> str | None:

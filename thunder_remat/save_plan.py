@@ -160,6 +160,11 @@ def build_save_network(problem: SaveProblem, kept_bans: frozenset[int], price: f
 
     producer = problem.producer_of()
     must_save = set(problem.must_save)
+    def owner_of(name):
+        return problem.values[name].owner or name
+
+    # storages the backward reads a value of from before a write to them
+    stale_reads = {owner_of(n) for n in problem.needed_by_backward if n in problem.overwritten}
     edges, caps, value_edge = [], [], {}
 
     def add(u, v, c):
@@ -176,8 +181,10 @@ def build_save_network(problem: SaveProblem, kept_bans: frozenset[int], price: f
             continue
         banned = op.hard_ban is not None or op.index in kept_bans or name in must_save
         # A view is not saved: its base is, or the backward makes it again (for free). Only a
-        # view whose op may not run again is saved, at the bytes of the storage it keeps alive.
-        never_saved = (op.force_recompute or value.maybe_view) and not banned
+        # view whose op may not run again (or a write's output: the data its storage now holds)
+        # is saved, at the bytes of the storage it keeps alive. An overwritten value never is.
+        never_saved = ((op.force_recompute or value.maybe_view) and not banned and op.writes is None
+                       or name in problem.overwritten)
         value_edge[name] = add(2 * i, 2 * i + 1, math.inf if never_saved else float(value.held_bytes))
         if banned:  # available from the forward as it is (a value that must be saved, too)
             add(source, 2 * i, math.inf)
@@ -190,6 +197,11 @@ def build_save_network(problem: SaveProblem, kept_bans: frozenset[int], price: f
                 add(2 * i, 2 * first, math.inf)
         for dep in sorted(set(op.inputs)):
             add(2 * index[dep] + 1, 2 * i, math.inf)
+        if op.writes is not None and not banned:
+            if owner_of(op.writes) in stale_reads:  # it would change what the backward reads
+                add(source, 2 * i, math.inf)
+            else:  # recomputed only with its destination (into a fresh tensor)
+                add(2 * index[op.writes], 2 * i, math.inf)
     for name in sorted(set(problem.needed_by_backward)):
         add(2 * index[name] + 1, sink, math.inf)
     network = FlowNetwork(len(labels), tuple(edges), tuple(caps), source, sink)
@@ -198,7 +210,10 @@ def build_save_network(problem: SaveProblem, kept_bans: frozenset[int], price: f
 
 def plan_from_cut(problem: SaveProblem, net: SaveNetwork, cut: CutResult, kept_bans, price: float = 0.0) -> SavePlan:
     if not cut.is_finite:
-        raise ValueError("no finite cut: a value the backward reads can neither be saved nor recomputed")
+        stale = sorted(set(problem.needed_by_backward) & problem.overwritten)
+        why = (f"; the backward reads {', '.join(stale)} from before an in-place write overwrote its storage "
+               "(Thunder alone hands the backward the overwritten data: check the gradients)") if stale else ""
+        raise ValueError("no finite cut: a value the backward reads can neither be saved nor recomputed" + why)
     side = cut.source_side
     labels = net.labels
     in_node = {labels[k][0]: k for k in range(len(labels)) if isinstance(labels[k], tuple) and labels[k][1] == "in"}

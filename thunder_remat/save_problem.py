@@ -65,6 +65,8 @@ class ForwardOp:
     source: str = ""
     #: a communication op (a ZeRO-3 re-gather): the backward never issues it twice
     collective: bool = False
+    #: the value it writes in place (``copy_``'s destination): it runs again only with that value
+    writes: str | None = None
 
 
 @dataclass
@@ -82,6 +84,9 @@ class SaveProblem:
     #: forward values that are saved whatever the plan (read by forward ops that Thunder's split
     #: runs in the backward, which the rewrite does not touch)
     must_save: tuple[str, ...] = ()
+    #: forward values whose storage a later in-place write changes: never saved (the backward
+    #: would read the new data); they are recomputed, or the write is
+    overwritten: frozenset = frozenset()
 
     def producer_of(self) -> dict[str, ForwardOp]:
         return {out: op for op in self.ops for out in op.outputs}

@@ -9,6 +9,8 @@ or raises ``VerificationError`` with ``raise_on_error=True``:
 * the trace returns the same values (forward outputs and gradients) as before;
 * no random op (other than exactly replayed ones), collective, device sync or in-place op runs
   more often than before;
+* no op reads a value after an in-place write (``copy_``) changed its storage, unless ``before``
+  did the same (a write run again into a saved value, or before a read of what it overwrote);
 * optionally (``saved=``), the backward reads from the forward only the values in ``saved``, and
   (``saved_bytes=``) the storages those values keep alive (a view keeps its base's, views of one
   base count it once, inputs' count nothing) add up to the bytes the plan reports. What the
@@ -22,12 +24,17 @@ from collections import Counter
 from thunder.core.proxies import Proxy
 from thunder.core.pytree import tree_flatten
 
-from thunder_remat.joint_analysis import forward_storages, tag_names, thunder_split
+from thunder_remat.joint_analysis import forward_storages, in_place_destination, tag_names, thunder_split
+from thunder_remat.storage import storage_map
 from thunder_remat.policies import STRUCTURAL_HARD_BANS
 
 __all__ = ["VerificationError", "verify"]
 
 _REPLAYABLE = frozenset({"uniform_philox"})
+#: ops that name values without reading their data (``update_aliases`` names the storage's data
+#: as it is now)
+_BOOKKEEPING = frozenset({"del", "python_del", "unpack_sequence", "unpack_trivial", "unpack_tuple",
+                          "clear_mutable_collection", "update_aliases"})
 
 
 class VerificationError(RuntimeError):
@@ -54,6 +61,35 @@ def _unsafe_counts(trace) -> Counter:
     for bsym in trace.bound_symbols:
         visit(bsym)
     return counts
+
+
+def _stale_reads(trace) -> set[tuple[str, str]]:
+    """(op, value) pairs where an op reads a value whose storage an in-place write changed after
+    the value was made: it would see the new data. Regions are read through their bodies."""
+    storages = storage_map(trace.bound_symbols, [p for p in tree_flatten((trace.args, trace.kwargs))[0]
+                                                 if isinstance(p, Proxy)])
+    made_on: dict[str, set[str]] = {}
+    stale: set[str] = set()
+    found: set[tuple[str, str]] = set()
+
+    def visit(bsym) -> None:
+        if bsym.sym.is_fusion:
+            for sub in bsym.subsymbols:
+                visit(sub)
+            return
+        if bsym.sym.name not in _BOOKKEEPING:
+            found.update((bsym.sym.name, n) for n in _names((bsym.args, bsym.kwargs)) if n in stale)
+        destination = getattr(in_place_destination(bsym), "name", None)
+        if destination is not None:
+            owner = storages.owner_of(destination)
+            stale.update(made_on.pop(owner, ()))
+        for n in _names(bsym.output):  # made (again: a region recomputing it) after the write
+            stale.discard(n)
+            made_on.setdefault(storages.owner_of(n), set()).add(n)
+
+    for bsym in trace.bound_symbols:
+        visit(bsym)
+    return found
 
 
 def _region_problems(region) -> list[str]:
@@ -127,6 +163,10 @@ def verify(before, after, *, saved=None, saved_bytes=None, replayed=(), raise_on
         if n > was.get(op, 0) and op not in replayed:
             problems.append(f"{op} runs {n} times, {was.get(op, 0)} before: random, in-place or collective ops "
                             "must not be duplicated")
+
+    for op, name in sorted(_stale_reads(after) - _stale_reads(before)):
+        problems.append(f"{op} reads {name} after an in-place write changed its storage: a write may run "
+                        "again only into a value made again, and nothing may read what it overwrote")
 
     if saved is not None or saved_bytes is not None:
         problems += _saved_problems(after, saved, saved_bytes)
