@@ -102,3 +102,10 @@ def test_the_zoo_names_its_models_and_rejects_unknown_ones():
         zoo_model("resnet")
     with pytest.raises(ValueError, match="zoo size must be one of"):
         zoo_model(PYTHIA).make("huge")
+
+
+@_needs(PYTHIA)
+def test_availability_is_known_after_a_litgpt_model_was_built():
+    """litgpt is imported without its ``__init__``: it has no module spec afterwards."""
+    zoo_model(PYTHIA).make("tiny")
+    assert available(zoo_model(PYTHIA))

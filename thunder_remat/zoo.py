@@ -77,7 +77,12 @@ class ZooModel:
 
 
 def available(entry: ZooModel) -> bool:
-    return entry.requires is None or importlib.util.find_spec(entry.requires) is not None
+    if entry.requires is None or entry.requires in sys.modules:
+        return True
+    try:  # litgpt imported without its __init__ (below) has no spec: it is in sys.modules then
+        return importlib.util.find_spec(entry.requires) is not None
+    except (ImportError, ValueError):
+        return False
 
 
 def _import_litgpt():
