@@ -5,7 +5,7 @@ Static, from traces, on a CPU machine: nothing is executed. Run it in the nvFuse
 available while Thunder imports and compiles, fake CUDA tensors) and sets REMAT_NVFUSER_TRACES=1
 for that module itself.
 
-For each tiny built-in model, one training step is traced through Thunder's nvFuser executor:
+For each tiny built-in model (and the zoo models asked for), one training step is traced through Thunder's nvFuser executor:
 
 * **Thunder**: ``thunder.jit(model, executors=[nvfuser])``, Thunder's nvFuser pair pass runs;
 * **ours**: the same with ``remat=True, remat_whole_graph=False`` (thunder_remat's pair pass alone,
@@ -19,7 +19,7 @@ forward saves for the backward. *total* is the three together.
 
 Usage::
 
-    .venv-nvfuser/bin/python benchmarks/nvfuser_traces.py --models gpt,llama,mlp
+    .venv-nvfuser/bin/python benchmarks/nvfuser_traces.py --models "gpt,llama,mlp,litgpt pythia-14m,transformers BERT"
 
 Progress goes to stderr; the markdown table goes to stdout (and to ``--output`` if given).
 """
@@ -37,19 +37,22 @@ from pathlib import Path
 log = logging.getLogger("nvfuser_traces")
 
 MODELS = ("gpt", "llama", "mlp")
+#: zoo models (real model code) the nvFuser tests also build, where litgpt / transformers are installed
+ZOO_MODELS = ("litgpt pythia-14m", "transformers BERT")
 
 
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--models", default=",".join(MODELS), help=f"comma list of {', '.join(MODELS)} (default: all)")
+    p.add_argument("--models", default=",".join(MODELS),
+                   help=f"comma list of {', '.join(MODELS + ZOO_MODELS)} (default: the built-in ones)")
     p.add_argument("--dropout", type=float, default=None, help="dropout of the models (default: the tiny spec's, 0)")
     p.add_argument("--output", help="also write the markdown table to this file")
     p.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     args = p.parse_args(argv)
     args.models = [m.strip() for m in args.models.split(",") if m.strip()]
-    bad = [m for m in args.models if m not in MODELS]
+    bad = [m for m in args.models if m not in MODELS + ZOO_MODELS]
     if bad or not args.models:
-        p.error(f"--models: choose from {', '.join(MODELS)}, got {args.models}")
+        p.error(f"--models: choose from {', '.join(MODELS + ZOO_MODELS)}, got {args.models}")
     return args
 
 

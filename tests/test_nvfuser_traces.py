@@ -57,6 +57,7 @@ from helpers import bytes_crossing, fusion_regions  # noqa: E402
 from thunder_remat.executors import adapter_for  # noqa: E402
 from thunder_remat.executors.nvfuser import IMPL_MODULE, NvFuserAdapter, nvfuser_available, nvfuser_module  # noqa: E402
 from thunder_remat.models import build_model, example_batch  # noqa: E402
+from thunder_remat.zoo import available, zoo_model  # noqa: E402
 
 NVFUSER_EX = thunder.get_executor("nvfuser")
 if NVFUSER_EX is None:
@@ -73,15 +74,30 @@ VARIANTS = {
 }
 
 
+#: zoo models (thunder_remat.zoo, real model code) tested too; skipped (which fails .ci/run) where
+#: litgpt or transformers is not installed
+ZOO_MODELS = ("litgpt pythia-14m", "transformers BERT")
+
+
 def fake_cuda_model(name: str, dropout: float | None = None):
-    """The tiny built-in model ``name`` and an example batch, as fake CUDA tensors."""
+    """The tiny built-in or zoo model ``name`` and the keyword arguments of one call, as fake CUDA
+    tensors (real CPU tensors give only their shapes and dtypes)."""
     mode = FakeTensorMode()
-    with mode, torch.device("cuda"):
-        model = build_model(name, "tiny", dropout=dropout)
-    batch = example_batch(model)  # a real CPU tensor: only its shape and dtype are used
+    if name in MODELS:
+        with mode, torch.device("cuda"):
+            model = build_model(name, "tiny", dropout=dropout)
+        inputs = {"x" if name == "mlp" else "idx": example_batch(model)}
+    else:
+        entry = zoo_model(name)
+        if not available(entry):
+            pytest.skip(f"{name} needs {entry.requires}, not installed here")
+        with mode, torch.device("cuda"):
+            model, _ = entry.make("tiny")
+        _, inputs = entry.make("tiny")
     with mode:
-        x = torch.zeros(batch.shape, dtype=batch.dtype, device="cuda")
-    return model, x
+        fake = {k: torch.zeros(v.shape, dtype=v.dtype, device="cuda") if isinstance(v, torch.Tensor) else v
+                for k, v in inputs.items()}
+    return model, fake
 
 
 @dataclass
@@ -123,10 +139,10 @@ def spying():
 
 def compile_traces(name: str, variant: str, *, dropout: float | None = None, **options) -> Build:
     """Traces of one training step of a tiny model on fake CUDA tensors, through nvFuser (never run)."""
-    model, x = fake_cuda_model(name, dropout)
+    model, inputs = fake_cuda_model(name, dropout)
     jitted = thunder.jit(model, executors=[NVFUSER_EX], **VARIANTS[variant], **options)
     with cuda_reported_available(), spying() as (theirs, ours):
-        thunder.compile_data(jitted).get_computation_and_inputs(x)
+        thunder.compile_data(jitted).get_computation_and_inputs(**inputs)
     return Build(jitted, thunder.last_traces(jitted)[-1], thunder.last_backward_traces(jitted)[-1],
                  ours[-1] if ours else None, theirs)
 
@@ -195,7 +211,7 @@ def test_thunder_uses_nvfuser_and_thunder_remat_gates_its_pass():
     assert isinstance(adapter_for(NVFUSER_EX), NvFuserAdapter)
 
 
-@pytest.mark.parametrize("name", MODELS)
+@pytest.mark.parametrize("name", MODELS + ZOO_MODELS)
 def test_nvfuser_regions_and_rewritten_pairs(name):
     b = build(name, "ours")
     for trace in (b.forward, b.backward):
@@ -209,7 +225,7 @@ def test_nvfuser_regions_and_rewritten_pairs(name):
     assert result.bytes_after < result.bytes_before
 
 
-@pytest.mark.parametrize("name", MODELS)
+@pytest.mark.parametrize("name", MODELS + ZOO_MODELS)
 def test_every_region_builds_its_fusion_definition(name):
     b = build(name, "ours")
     result = thunder_remat.last_pair_pass(b.jitted)
@@ -247,14 +263,14 @@ def test_no_random_op_or_reduction_moves_between_regions(name, dropout):
     assert bool(draws) == bool(dropout)
 
 
-@pytest.mark.parametrize("name", MODELS)
+@pytest.mark.parametrize("name", MODELS + ZOO_MODELS)
 def test_thunder_nvfuser_pass_does_not_run_with_thunder_remat(name):
     assert nvfuser_traces(build(name, "ours").thunder_pass_traces) == []
     assert nvfuser_traces(build(name, "defaults").thunder_pass_traces) == []
     assert len(nvfuser_traces(build(name, "thunder").thunder_pass_traces)) == 1  # the spy sees it when it runs
 
 
-@pytest.mark.parametrize("name", MODELS)
+@pytest.mark.parametrize("name", MODELS + ZOO_MODELS)
 def test_pair_pass_output_verifies(name):
     b = build(name, "ours")
     assert thunder_remat.verify(b.pair_input, thunder_remat.last_pair_pass(b.jitted).trace) == []
@@ -277,7 +293,7 @@ def _final(name, variant):
     return b.forward, b.backward
 
 
-@pytest.mark.parametrize("name", MODELS)
+@pytest.mark.parametrize("name", MODELS + ZOO_MODELS)
 def test_bytes_crossing_not_above_thunders_pass(name):
     """On the GPT's attention (nvFusion2 -> nvFusion10) the pair pass used to recompute the softmax
     in the backward from the scores and two statistics (1,280 B more), pricing the softmax output
@@ -287,7 +303,7 @@ def test_bytes_crossing_not_above_thunders_pass(name):
     assert ours.total <= theirs.total, (ours, theirs)
 
 
-@pytest.mark.parametrize("name", MODELS)
+@pytest.mark.parametrize("name", MODELS + ZOO_MODELS)
 def test_saved_bytes_not_above_thunders_pass(name):
     ours, theirs = bytes_crossing(*_final(name, "ours")), bytes_crossing(*_final(name, "thunder"))
     assert ours.saved <= theirs.saved, (ours, theirs)
