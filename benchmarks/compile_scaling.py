@@ -153,11 +153,9 @@ def main(argv=None) -> int:
     logging.getLogger("thunder_remat").setLevel(logging.WARNING)
     rows = bench(args.layers, args.budgets, args.executor)
     text = table(rows, args.budgets, args.executor)
-    print(text)
-    if args.write:
-        from doc_tables import replace_block
+    from doc_tables import emit_table
 
-        replace_block(args.write, START, END, text)
+    emit_table(text, args.write, START, END)
     return 0
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 
-__all__ = ["replace_block"]
+__all__ = ["replace_block", "emit_table"]
 
 
 def replace_block(path, start: str, end: str, text: str) -> None:
@@ -19,3 +19,10 @@ def replace_block(path, start: str, end: str, text: str) -> None:
         doc = doc.rstrip("\n") + "\n\n" + block + "\n"
     with open(path, "w") as f:
         f.write(doc)
+
+
+def emit_table(text: str, path, start: str, end: str) -> None:
+    """Print a benchmark's table; with ``path``, also put it between the markers of that file."""
+    print(text)
+    if path:
+        replace_block(path, start, end, text)

@@ -172,11 +172,9 @@ def main(argv=None) -> int:
         for executor in args.executors:
             rows.append(bench(entry, args.size, executor, torch_bytes))
     text = table(rows, args.size)
-    print(text)
-    if args.write:
-        from doc_tables import replace_block
+    from doc_tables import emit_table
 
-        replace_block(args.write, START, END, text)
+    emit_table(text, args.write, START, END)
     return 0
 
 
