@@ -160,6 +160,7 @@ def build_save_network(problem: SaveProblem, kept_bans: frozenset[int], price: f
 
     producer = problem.producer_of()
     must_save = set(problem.must_save)
+
     def owner_of(name):
         return problem.values[name].owner or name
 
