@@ -66,6 +66,8 @@ def _unsafe_counts(trace) -> Counter:
 def _stale_reads(trace) -> set[tuple[str, str]]:
     """(op, value) pairs where an op reads a value whose storage an in-place write changed after
     the value was made: it would see the new data. Regions are read through their bodies."""
+    if not any(in_place_destination(b) is not None for top in trace.bound_symbols for b in (top, *top.subsymbols)):
+        return set()
     storages = storage_map(trace.bound_symbols, [p for p in tree_flatten((trace.args, trace.kwargs))[0]
                                                  if isinstance(p, Proxy)])
     made_on: dict[str, set[str]] = {}
