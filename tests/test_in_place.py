@@ -6,8 +6,8 @@ that already holds its result) nor hand over the value from before the write. Gr
 compared with PyTorch running the same program without the in-place write.
 
 Where the backward needs the value from *before* a write to a matmul's output (``h = x @ w;
-h += cos(h)``), Thunder 0.2.6 alone already hands over the overwritten storage; no such program
-is here (docs/whole-graph.md, "In-place writes").
+h += cos(h)``), Thunder 0.2.6 alone already hands over the overwritten storage; thunder_remat's
+plan then fails, saying why (the last test; docs/whole-graph.md, "In-place writes").
 """
 
 import pytest
