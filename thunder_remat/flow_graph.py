@@ -114,8 +114,6 @@ def build_network(problem: PairProblem) -> PairNetwork:
                 edges.append((at[a] + 1, at[b]))
                 caps.append(math.inf)
     for written, destination in problem.writes.items():  # the write runs again only with it
-        if written in problem.pinned:
-            continue
         edges.append((at[destination], at[written]))
         caps.append(math.inf)
     for name in problem.needed:

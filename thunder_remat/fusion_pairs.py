@@ -16,7 +16,6 @@ from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-
 from thunder_remat.config import RematConfig
 from thunder_remat.flow_graph import solve_pair
 from thunder_remat.joint_analysis import in_place_destination, is_backward_region

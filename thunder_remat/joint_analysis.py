@@ -8,7 +8,7 @@ This is the only stage of the whole-graph pass that reads bound symbols.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from thunder.core import prims
 from thunder.core.proxies import ProxyTag, TensorProxy
@@ -145,6 +145,10 @@ def forward_storages(trace, *, with_backward: bool = False) -> StorageMap:
             held.setdefault(p.name, p)
     ops = sorted(forward + backward, key=lambda item: item[0]) if with_backward else forward
     return storage_map([bsym for _, bsym in ops], held.values())
+
+
+#: why a write is never run again in the backward (the pair pass pins it for the same reason)
+STALE_WRITE = "in-place write into a storage the backward reads from before it"
 
 
 def in_place_destination(bsym):
@@ -314,4 +318,8 @@ def build_save_problem(trace, policies, *, regather_params: bool = False) -> Sav
         needed.setdefault(name, None)
     problem.needed_by_backward = tuple(needed)
     problem.saved_by_thunder = tuple(n for n in split.saved if n in problem.values)
+    # A write run again in the backward would change what the backward reads from before it.
+    stale = {storages.owner_of(n) for n in needed if n in problem.overwritten}
+    problem.ops = [replace(op, hard_ban=STALE_WRITE) if op.writes is not None and op.hard_ban is None
+                   and storages.owner_of(op.writes) in stale else op for op in problem.ops]
     return problem

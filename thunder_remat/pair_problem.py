@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from thunder.core.prims import OpTags
 
 from thunder_remat.cost import value_bytes
-from thunder_remat.joint_analysis import collective_name, in_place_destination, op_facts
+from thunder_remat.joint_analysis import STALE_WRITE, collective_name, in_place_destination, op_facts
 from thunder_remat.policies import judge_op
 from thunder_remat.storage import storage_map
 
@@ -119,14 +119,12 @@ def build_pair_problem(
 
     tags = tags_of or TagCache()
     pinned: dict[str, str] = {}
-    made_by_write: set[str] = set()
     writes: dict[str, str] = {}
     ops = []
     for bsym in producer.subsymbols:
         outs = bsym.flat_proxy_outs
         destination = getattr(in_place_destination(bsym), "name", None)
         if destination in seen:
-            made_by_write.update(p.name for p in outs)
             writes.update((p.name, destination) for p in outs)
         for proxy in outs:
             add(proxy)
@@ -150,12 +148,12 @@ def build_pair_problem(
     alive = {storages.owner_of(n) for n in external_outputs if n in seen}
     free = frozenset(n for n in names if n in external_outputs or (n in producer_inputs and n in consumer_reads)
                      or storages.owner_of(n) in alive)
-    frozen = _overwritten(names, storages, written, made_by_write)
+    frozen = _overwritten(names, storages, written, writes)
     # A write the consumer made again would change what the consumer reads from before it.
     stale_reads = {storages.owner_of(n) for n in consumer_reads if n in frozen}
     for out, destination in writes.items():
         if storages.owner_of(destination) in stale_reads:
-            pinned.setdefault(out, "in-place write into a storage the consumer reads from before it")
+            pinned.setdefault(out, STALE_WRITE)
 
     return PairProblem(
         producer=producer.sym.name,
@@ -176,7 +174,7 @@ def build_pair_problem(
     )
 
 
-def _overwritten(names, storages, written: Mapping[str, int], made_by_write) -> frozenset[str]:
+def _overwritten(names, storages, written: Mapping[str, int], made_by_write: Collection[str]) -> frozenset[str]:
     """Values whose storage receives an in-place write they did not come from.
 
     Writes are counted per storage over every name of it the producer knows; a value made by a

@@ -160,12 +160,6 @@ def build_save_network(problem: SaveProblem, kept_bans: frozenset[int], price: f
 
     producer = problem.producer_of()
     must_save = set(problem.must_save)
-
-    def owner_of(name):
-        return problem.values[name].owner or name
-
-    # storages the backward reads a value of from before a write to them
-    stale_reads = {owner_of(n) for n in problem.needed_by_backward if n in problem.overwritten}
     edges, caps, value_edge = [], [], {}
 
     def add(u, v, c):
@@ -198,11 +192,8 @@ def build_save_network(problem: SaveProblem, kept_bans: frozenset[int], price: f
                 add(2 * i, 2 * first, math.inf)
         for dep in sorted(set(op.inputs)):
             add(2 * index[dep] + 1, 2 * i, math.inf)
-        if op.writes is not None and not banned:
-            if owner_of(op.writes) in stale_reads:  # it would change what the backward reads
-                add(source, 2 * i, math.inf)
-            else:  # recomputed only with its destination (into a fresh tensor)
-                add(2 * index[op.writes], 2 * i, math.inf)
+        if op.writes is not None:  # recomputed only with its destination (into a fresh tensor)
+            add(2 * index[op.writes], 2 * i, math.inf)
     for name in sorted(set(problem.needed_by_backward)):
         add(2 * index[name] + 1, sink, math.inf)
     network = FlowNetwork(len(labels), tuple(edges), tuple(caps), source, sink)
