@@ -25,6 +25,7 @@ from thunder.core.trace import TraceProvenance
 from thunder.extend import FusionExecutor
 
 from thunder_remat.executors.builtin_pass import activated, deferring_builds
+from thunder_remat.executors.thunder_speedups import enable_for_compilation
 from thunder_remat.joint_analysis import is_joint_trace
 
 __all__ = ["install", "record_provenance", "fuse_as_thunder_alone"]
@@ -66,6 +67,7 @@ def install(
         others = tuple(ex for ex in executors_list if not is_ours(ex))
         if ours is None:
             return original(trace, others, *args, **kwargs)
+        enable_for_compilation()
         if joint:
             if cd is not None:
                 setattr(cd, _EXECUTORS, others)

@@ -36,11 +36,12 @@ logging.getLogger(__name__).addHandler(logging.NullHandler())
 def _install() -> None:
     import thunder.plugins
 
-    from thunder_remat.executors import nvfuser, pipeline, torch_compile
+    from thunder_remat.executors import nvfuser, pipeline, thunder_speedups, torch_compile
     from thunder_remat.plugin import executor_for_compilation, is_remat_executor, plan_joint_trace
 
     torch_compile.install()
     nvfuser.install()
+    thunder_speedups.install()
     pipeline.install(executor_for_compilation, is_remat_executor, plan_joint_trace)
     thunder.plugins.register_plugin("remat", Remat)
 
