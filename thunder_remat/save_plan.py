@@ -42,7 +42,7 @@ from thunder_remat.save_problem import ForwardOp, SaveProblem
 from thunder_remat.solvers.knapsack import solve_knapsack
 from thunder_remat.solvers.maxflow import CutResult, FlowNetwork, min_cut
 
-__all__ = ["SavePlan", "SaveNetwork", "Frontier", "BudgetChoice", "build_save_network", "plan_with_bans",
+__all__ = ["SavePlan", "SaveNetwork", "SaveNetworks", "Frontier", "BudgetChoice", "build_save_network", "plan_with_bans",
            "build_frontier", "gap_plans", "choose_plan", "choose_fastest", "is_fastest_budget"]
 
 log = logging.getLogger(__name__)
@@ -64,6 +64,8 @@ class SaveNetwork:
     labels: tuple
     #: edge index of each value's in -> out edge
     value_edge: dict
+    #: value name -> its in-node (its out-node is the next one)
+    in_node: dict
 
 
 @dataclass(frozen=True)
@@ -104,6 +106,8 @@ class Frontier:
     filled: dict = field(default_factory=dict, repr=False, compare=False)
     #: the knapsack solver the plans were found with
     solver: str = "dp"
+    #: the problem's networks, shared by the cuts that fill gaps
+    networks: "SaveNetworks | None" = field(default=None, repr=False, compare=False)
 
 
 @dataclass(frozen=True)
@@ -130,97 +134,130 @@ def _soft_banned(problem: SaveProblem) -> list[ForwardOp]:
     return [op for op in problem.ops if op.soft_ban and not op.hard_ban]
 
 
-def _knapsack_plans(problem: SaveProblem, capacities, solver: str) -> list[SavePlan]:
+def _knapsack_plans(networks: SaveNetworks, capacities, solver: str) -> list[SavePlan]:
     """One plan per capacity: the soft bans a knapsack keeps within that many bytes of their
     outputs (keeping the most recompute cost), as a min cut."""
+    problem = networks.problem
     soft = _soft_banned(problem)
     weights = [float(problem.storage_bytes(op.outputs)) for op in soft]
     values = [op.cost for op in soft]
     plans = []
     for capacity in capacities:
         kept = solve_knapsack(values, weights, capacity, solver).kept
-        plans.append(plan_with_bans(problem, {soft[i].index for i in kept}))
+        plans.append(networks.plan({soft[i].index for i in kept}))
     return plans
 
 
-def build_save_network(problem: SaveProblem, kept_bans: frozenset[int], price: float = 0.0) -> SaveNetwork:
-    """The flow network for ``problem`` with ``kept_bans`` soft bans in force.
+class SaveNetworks:
+    """Every flow network of one problem, from parts made once: the budget search solves hundreds
+    of cuts that differ only in which soft bans hold and in the recompute price, so each network
+    is the shared edges with a few capacities changed and a few edges added.
 
-    ``price`` > 0 also charges ``price * op cost`` for every op left on the recompute side (an
-    edge source -> the in-node of its first output; its other outputs are tied to that node, so
-    a multi-output op is charged once and recomputed whole).
+    ``network(kept_bans, price)``: the ``problem`` with ``kept_bans`` soft bans in force. ``price``
+    > 0 also charges ``price * op cost`` for every op left on the recompute side (an edge source ->
+    the in-node of its first output; its other outputs are tied to that node, so a multi-output op
+    is charged once and recomputed whole).
     """
-    names = sorted(problem.values)
-    index = {name: i for i, name in enumerate(names)}
-    source, sink = 2 * len(names), 2 * len(names) + 1
-    labels = [None] * (2 * len(names) + 2)
-    for name, i in index.items():
-        labels[2 * i], labels[2 * i + 1] = (name, "in"), (name, "out")
-    labels[source], labels[sink] = "source", "sink"
 
-    producer = problem.producer_of()
-    must_save = set(problem.must_save)
-    edges, caps, value_edge = [], [], {}
-
-    def add(u, v, c):
-        edges.append((u, v))
-        caps.append(c)
-        return len(edges) - 1
-
-    for name in names:
-        value, i = problem.values[name], index[name]
-        op = producer.get(name)
-        if value.is_input or op is None:
-            add(source, 2 * i, math.inf)
-            value_edge[name] = add(2 * i, 2 * i + 1, 0.0)
-            continue
-        banned = op.hard_ban is not None or op.index in kept_bans or name in must_save
-        # A view is not saved: its base is, or the backward makes it again (for free). Only a
-        # view whose op may not run again (or a write's output: the data its storage now holds)
-        # is saved, at the bytes of the storage it keeps alive. An overwritten value never is.
-        never_saved = ((op.force_recompute or value.maybe_view) and not banned and op.writes is None
-                       or name in problem.overwritten)
-        value_edge[name] = add(2 * i, 2 * i + 1, math.inf if never_saved else float(value.held_bytes))
-        if banned:  # available from the forward as it is (a value that must be saved, too)
-            add(source, 2 * i, math.inf)
-        elif price > 0.0 and op.cost > 0.0:
-            first = index[op.outputs[0]]
-            if first == i:
-                add(source, 2 * i, price * op.cost)
+    def __init__(self, problem: SaveProblem) -> None:
+        self.problem = problem
+        names = sorted(problem.values)
+        index = {name: i for i, name in enumerate(names)}
+        self.source, self.sink = 2 * len(names), 2 * len(names) + 1
+        labels = [None] * (2 * len(names) + 2)
+        for name, i in index.items():
+            labels[2 * i], labels[2 * i + 1] = (name, "in"), (name, "out")
+        labels[self.source], labels[self.sink] = "source", "sink"
+        self.labels = tuple(labels)
+        self.in_node = {name: 2 * i for name, i in index.items()}
+        self.producer = problem.producer_of()
+        self.edges, self.caps, self.value_edge = [], [], {}
+        #: per op that a kept soft ban can make banned: (value edge, in-node, bytes if saved) per output
+        self.bannable: dict[int, list[tuple[int, int, float]]] = {}
+        #: values whose op a price charges: (in-node, in-node of the op's first output, op index, cost)
+        self.priceable: list[tuple[int, int, int, float]] = []
+        must_save = set(problem.must_save)
+        for name in names:
+            value, node = problem.values[name], 2 * index[name]
+            op = self.producer.get(name)
+            if value.is_input or op is None:
+                self._add(self.source, node, math.inf)
+                self.value_edge[name] = self._add(node, node + 1, 0.0)
+                continue
+            # A view is not saved: its base is, or the backward makes it again (for free). Only a
+            # view whose op may not run again (or a write's output: the data its storage now holds)
+            # is saved, at the bytes of the storage it keeps alive. An overwritten value never is.
+            overwritten = name in problem.overwritten
+            saved_bytes = math.inf if overwritten else float(value.held_bytes)
+            free_bytes = math.inf if (op.force_recompute or value.maybe_view) and op.writes is None else saved_bytes
+            if op.hard_ban is not None or name in must_save:  # available from the forward as it is
+                self.value_edge[name] = self._add(node, node + 1, saved_bytes)
+                self._add(self.source, node, math.inf)
             else:
-                add(2 * first, 2 * i, math.inf)
-                add(2 * i, 2 * first, math.inf)
-        for dep in sorted(set(op.inputs)):
-            add(2 * index[dep] + 1, 2 * i, math.inf)
-        if op.writes is not None:  # recomputed only with its destination (into a fresh tensor)
-            add(2 * index[op.writes], 2 * i, math.inf)
-    for name in sorted(set(problem.needed_by_backward)):
-        add(2 * index[name] + 1, sink, math.inf)
-    network = FlowNetwork(len(labels), tuple(edges), tuple(caps), source, sink)
-    return SaveNetwork(network, tuple(labels), value_edge)
+                self.value_edge[name] = self._add(node, node + 1, free_bytes)
+                self.bannable.setdefault(op.index, []).append((self.value_edge[name], node, saved_bytes))
+                if op.cost > 0.0:
+                    self.priceable.append((node, 2 * index[op.outputs[0]], op.index, op.cost))
+            for dep in sorted(set(op.inputs)):
+                self._add(2 * index[dep] + 1, node, math.inf)
+            if op.writes is not None:  # recomputed only with its destination (into a fresh tensor)
+                self._add(2 * index[op.writes], node, math.inf)
+        for name in sorted(set(problem.needed_by_backward)):
+            self._add(2 * index[name] + 1, self.sink, math.inf)
+
+    def _add(self, u: int, v: int, capacity: float) -> int:
+        self.edges.append((u, v))
+        self.caps.append(capacity)
+        return len(self.edges) - 1
+
+    def network(self, kept_bans, price: float = 0.0) -> SaveNetwork:
+        kept = frozenset(kept_bans)
+        caps, extra = list(self.caps), []
+        for op_index in sorted(kept & self.bannable.keys()):
+            for edge, node, saved_bytes in self.bannable[op_index]:
+                caps[edge] = saved_bytes
+                extra.append((self.source, node, math.inf))
+        if price > 0.0:
+            for node, first, op_index, cost in self.priceable:
+                if op_index in kept:
+                    continue
+                if node == first:
+                    extra.append((self.source, node, price * cost))
+                else:
+                    extra += [(first, node, math.inf), (node, first, math.inf)]
+        edges = tuple(self.edges) + tuple((u, v) for u, v, _ in extra)
+        capacities = tuple(caps) + tuple(c for _, _, c in extra)
+        network = FlowNetwork(len(self.labels), edges, capacities, self.source, self.sink)
+        return SaveNetwork(network, self.labels, self.value_edge, self.in_node)
+
+    def plan(self, kept_bans, price: float = 0.0) -> SavePlan:
+        net = self.network(kept_bans, price)
+        return plan_from_cut(self.problem, net, min_cut(net.network), kept_bans, price, producer=self.producer)
 
 
-def plan_from_cut(problem: SaveProblem, net: SaveNetwork, cut: CutResult, kept_bans, price: float = 0.0) -> SavePlan:
+def build_save_network(problem: SaveProblem, kept_bans: frozenset[int], price: float = 0.0) -> SaveNetwork:
+    """The flow network for ``problem`` with ``kept_bans`` soft bans in force (see ``SaveNetworks``)."""
+    return SaveNetworks(problem).network(kept_bans, price)
+
+
+def plan_from_cut(problem: SaveProblem, net: SaveNetwork, cut: CutResult, kept_bans, price: float = 0.0,
+                  producer: dict | None = None) -> SavePlan:
     if not cut.is_finite:
         stale = sorted(set(problem.needed_by_backward) & problem.overwritten)
         why = (f"; the backward reads {', '.join(stale)} from before an in-place write overwrote its storage "
                "(Thunder alone hands the backward the overwritten data: check the gradients)") if stale else ""
         raise ValueError("no finite cut: a value the backward reads can neither be saved nor recomputed" + why)
     side = cut.source_side
-    labels = net.labels
-    in_node = {labels[k][0]: k for k in range(len(labels)) if isinstance(labels[k], tuple) and labels[k][1] == "in"}
     # Saved: a value whose in-node is available (source side) while its out-node is not.
-    saved = sorted(n for n, k in in_node.items() if k in side and k + 1 not in side)
-    producer = problem.producer_of()
-    recomputed = sorted(
-        {producer[n].index for n, k in in_node.items() if k not in side and n in producer}
-    )
-    ops = {op.index: op for op in problem.ops}
+    saved = sorted(n for n, k in net.in_node.items() if k in side and k + 1 not in side)
+    producer = problem.producer_of() if producer is None else producer
+    recomputed = sorted({producer[n].index for n, k in net.in_node.items() if k not in side and n in producer})
+    cost = {op.index: op.cost for op in problem.ops}
     return SavePlan(
         saved=tuple(saved),
         recomputed=tuple(recomputed),
         saved_bytes=problem.storage_bytes(saved),
-        recompute_cost=float(sum(ops[i].cost for i in recomputed)),
+        recompute_cost=float(sum(cost[i] for i in recomputed)),
         kept_bans=frozenset(kept_bans),
         cut_value=cut.value,
         price=price,
@@ -228,9 +265,7 @@ def plan_from_cut(problem: SaveProblem, net: SaveNetwork, cut: CutResult, kept_b
 
 
 def plan_with_bans(problem: SaveProblem, kept_bans, price: float = 0.0) -> SavePlan:
-    kept = frozenset(kept_bans)
-    net = build_save_network(problem, kept, price)
-    return plan_from_cut(problem, net, min_cut(net.network), kept, price)
+    return SaveNetworks(problem).plan(kept_bans, price)
 
 
 def recompute_prices(problem: SaveProblem, steps: int = PRICE_STEPS) -> list[float]:
@@ -252,15 +287,16 @@ def build_frontier(problem: SaveProblem, solver: str = "dp", steps: int = FRONTI
     """The fastest plan, the smallest plan, and knapsack and priced plans between them, Pareto-filtered."""
     start = time.perf_counter()
     soft = _soft_banned(problem)
-    fastest = plan_with_bans(problem, {op.index for op in soft})
-    smallest = plan_with_bans(problem, set())
+    networks = SaveNetworks(problem)
+    fastest = networks.plan({op.index for op in soft})
+    smallest = networks.plan(set())
     plans = {fastest.key: fastest, smallest.key: smallest}
     if soft and fastest.saved_bytes > smallest.saved_bytes:
         total = sum(problem.storage_bytes(op.outputs) for op in soft)
-        for plan in _knapsack_plans(problem, (total * k / steps for k in range(1, steps)), solver):
+        for plan in _knapsack_plans(networks, (total * k / steps for k in range(1, steps)), solver):
             plans.setdefault(plan.key, plan)
         for price in recompute_prices(problem):
-            plan = plan_with_bans(problem, set(), price)
+            plan = networks.plan(set(), price)
             plans.setdefault(plan.key, plan)
     # The fastest plan (budget 1.0, one min cut) anchors the top of the frontier: a plan that saves
     # more, or recomputes less, would make a smaller budget save more or recompute less than 1.0.
@@ -269,7 +305,8 @@ def build_frontier(problem: SaveProblem, solver: str = "dp", steps: int = FRONTI
     if len(in_range) < sum(p.saved_bytes <= fastest.saved_bytes for p in plans.values()):
         log.debug("a priced plan beats the fastest plan on both bytes and recompute; it is not offered")
     pareto = _pareto(in_range)
-    return Frontier(tuple(pareto), fastest, smallest, (time.perf_counter() - start) * 1e3, problem, solver=solver)
+    return Frontier(tuple(pareto), fastest, smallest, (time.perf_counter() - start) * 1e3, problem, solver=solver,
+                    networks=networks)
 
 
 def gap_plans(frontier: Frontier, target: int) -> tuple[SavePlan, ...]:
@@ -293,7 +330,8 @@ def gap_plans(frontier: Frontier, target: int) -> tuple[SavePlan, ...]:
     if upper not in frontier.filled:
         start = time.perf_counter()
         low, high = plans[upper - 1].saved_bytes, plans[upper].saved_bytes
-        found = _fill(frontier.problem, plans[upper], low, frontier.solver)
+        networks = frontier.networks or SaveNetworks(frontier.problem)
+        found = _fill(networks, plans[upper], low, frontier.solver)
         # A plan recomputing less than the upper plan would let a budget in this gap recompute
         # less than one above it; like plans beating the fastest, it is not offered.
         least = plans[upper].recompute_cost
@@ -303,7 +341,8 @@ def gap_plans(frontier: Frontier, target: int) -> tuple[SavePlan, ...]:
     return frontier.filled[upper]
 
 
-def _fill(problem: SaveProblem, upper: SavePlan, floor_bytes: int, solver: str) -> list[SavePlan]:
+def _fill(networks: SaveNetworks, upper: SavePlan, floor_bytes: int, solver: str) -> list[SavePlan]:
+    problem = networks.problem
     ops = {op.index: op for op in problem.ops}
 
     def size(index):
@@ -318,21 +357,21 @@ def _fill(problem: SaveProblem, upper: SavePlan, floor_bytes: int, solver: str) 
     found = {}
     # one ban dropped: the smallest outputs first, they land just below the upper plan
     for index in sorted(sorted(upper.kept_bans, key=smallest_first)[:GAP_STEPS]):
-        plan = plan_with_bans(problem, upper.kept_bans - {index}, upper.price)
+        plan = networks.plan(upper.kept_bans - {index}, upper.price)
         found.setdefault(plan.key, plan)
     for order in (smallest_first, cheapest_per_byte_first):  # bans dropped one after another
         ordered = sorted(upper.kept_bans, key=order)
         kept = set(upper.kept_bans) - set(ordered[:1])  # the first drop alone is above
         for index in ordered[1:]:
             kept.discard(index)
-            plan = plan_with_bans(problem, kept, upper.price)
+            plan = networks.plan(kept, upper.price)
             if plan.saved_bytes <= floor_bytes:
                 break
             found.setdefault(plan.key, plan)
     # knapsacks whose capacity steps through the gap (bans may also be swapped, not only dropped)
     top = sum(size(index) for index in upper.kept_bans)
     steps = (top - k * (upper.saved_bytes - floor_bytes) / (GAP_STEPS + 1) for k in range(1, GAP_STEPS + 1))
-    for plan in _knapsack_plans(problem, (c for c in steps if c >= 0), solver):
+    for plan in _knapsack_plans(networks, (c for c in steps if c >= 0), solver):
         found.setdefault(plan.key, plan)
     return list(found.values())
 

@@ -27,10 +27,11 @@ class FlowNetwork:
     def __post_init__(self) -> None:
         if len(self.edges) != len(self.capacities):
             raise ValueError("FlowNetwork needs one capacity per edge")
-        for u, v in self.edges:
-            if not (0 <= u < self.num_nodes and 0 <= v < self.num_nodes):
-                raise ValueError(f"FlowNetwork edge ({u}, {v}) names a node outside 0..{self.num_nodes - 1}")
-        if any(c < 0 or math.isnan(c) for c in self.capacities):
+        if self.edges and (min(map(min, self.edges)) < 0 or max(map(max, self.edges)) >= self.num_nodes):
+            u, v = next((u, v) for u, v in self.edges if not (0 <= u < self.num_nodes and 0 <= v < self.num_nodes))
+            raise ValueError(f"FlowNetwork edge ({u}, {v}) names a node outside 0..{self.num_nodes - 1}")
+        # NaN first: with a NaN present, min() is not reliable
+        if any(map(math.isnan, self.capacities)) or (self.capacities and min(self.capacities) < 0):
             raise ValueError("FlowNetwork capacities must be non-negative numbers")
         if self.source == self.sink:
             raise ValueError("FlowNetwork source and sink must differ")
@@ -67,22 +68,10 @@ def min_cut(network: FlowNetwork) -> CutResult:
     tolerance = 1e-9 * max(1.0, unbounded)
 
     # Nodes that can still reach the sink through edges with spare capacity (or flow to undo).
-    reaches_sink = [False] * network.num_nodes
-    into: list[list[int]] = [[] for _ in range(network.num_nodes)]
-    for (u, v), cap, f in zip(network.edges, capacities, flow.flow):
-        if cap - f > tolerance:
-            into[v].append(u)
-        if f > tolerance:
-            into[u].append(v)
-    reaches_sink[network.sink] = True
-    stack = [network.sink]
-    while stack:
-        node = stack.pop()
-        for prev in into[node]:
-            if not reaches_sink[prev]:
-                reaches_sink[prev] = True
-                stack.append(prev)
-    source_side = frozenset(i for i in range(network.num_nodes) if not reaches_sink[i])
+    residual = [e for e, cap, f in zip(network.edges, capacities, flow.flow) if cap - f > tolerance]
+    residual += [(v, u) for (u, v), f in zip(network.edges, flow.flow) if f > tolerance]
+    reaches_sink = igraph.Graph(n=network.num_nodes, edges=residual, directed=True).subcomponent(network.sink, mode="in")
+    source_side = frozenset(range(network.num_nodes)).difference(reaches_sink)
     cut_edges = tuple(
         i for i, (u, v) in enumerate(network.edges) if u in source_side and v not in source_side
     )
