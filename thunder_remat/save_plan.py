@@ -42,8 +42,8 @@ from thunder_remat.save_problem import ForwardOp, SaveProblem
 from thunder_remat.solvers.knapsack import solve_knapsack
 from thunder_remat.solvers.maxflow import CutResult, FlowNetwork, min_cut
 
-__all__ = ["SavePlan", "SaveNetwork", "SaveNetworks", "Frontier", "BudgetChoice", "build_save_network", "plan_with_bans",
-           "build_frontier", "gap_plans", "choose_plan", "choose_fastest", "is_fastest_budget"]
+__all__ = ["SavePlan", "SaveNetwork", "SaveNetworks", "Frontier", "BudgetChoice", "build_save_network",
+           "plan_with_bans", "build_frontier", "gap_plans", "choose_plan", "choose_fastest", "is_fastest_budget"]
 
 log = logging.getLogger(__name__)
 

@@ -70,7 +70,8 @@ def min_cut(network: FlowNetwork) -> CutResult:
     # Nodes that can still reach the sink through edges with spare capacity (or flow to undo).
     residual = [e for e, cap, f in zip(network.edges, capacities, flow.flow) if cap - f > tolerance]
     residual += [(v, u) for (u, v), f in zip(network.edges, flow.flow) if f > tolerance]
-    reaches_sink = igraph.Graph(n=network.num_nodes, edges=residual, directed=True).subcomponent(network.sink, mode="in")
+    residual_graph = igraph.Graph(n=network.num_nodes, edges=residual, directed=True)
+    reaches_sink = residual_graph.subcomponent(network.sink, mode="in")
     source_side = frozenset(range(network.num_nodes)).difference(reaches_sink)
     cut_edges = tuple(
         i for i, (u, v) in enumerate(network.edges) if u in source_side and v not in source_side
