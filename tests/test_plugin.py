@@ -141,3 +141,33 @@ def test_policies_compose_and_are_validated():
                 return None
 
         RematConfig(policies=(Unhashable(),))
+
+
+def test_both_passes_run_with_the_garbage_collector_paused_and_restore_it(monkeypatch):
+    import gc
+
+    import thunder_remat.plugin as plugin
+
+    seen = []
+    original_plan, original_pairs = plugin.plan_saved_values, plugin.rematerialize_fusion_pairs
+
+    def plan(*a, **k):
+        seen.append(("whole graph", gc.isenabled()))
+        return original_plan(*a, **k)
+
+    def pairs(*a, **k):
+        seen.append(("pairs", gc.isenabled()))
+        return original_pairs(*a, **k)
+
+    monkeypatch.setattr(plugin, "plan_saved_values", plan)
+    monkeypatch.setattr(plugin, "rematerialize_fusion_pairs", pairs)
+    assert gc.isenabled()
+    run(f, args(), executors=[eager_fusion_ex], remat=True)
+    assert seen == [("whole graph", False), ("pairs", False)] and gc.isenabled()
+    gc.disable()
+    try:
+        with pytest.raises(RuntimeError), plugin._collector_paused():
+            raise RuntimeError
+        assert not gc.isenabled()  # a collector the caller paused stays paused
+    finally:
+        gc.enable()
