@@ -100,12 +100,11 @@ def first_call(layers: int, executor, **options) -> tuple[float, object, int]:
 def bench(layers_list, budgets, executor_name):
     import thunder_remat
     from thunder_remat.executors import fusion_executor_by_name
+    from thunder_remat.executors.thunder_speedups import forced
 
     executor = fusion_executor_by_name(executor_name)
     first_call(1, executor)  # warm-up: the process's first compilation also pays for imports and caches
     rows = []
-    from thunder_remat.executors.thunder_speedups import forced
-
     for layers in layers_list:
         alone, _, _ = first_call(layers, executor)
         with forced():

@@ -214,7 +214,7 @@ def kept_ban_family(p: SaveProblem):
 
 
 def without_gap_filling(frontier):
-    return dataclasses.replace(frontier, problem=None, filled={})
+    return dataclasses.replace(frontier, networks=None, filled={})
 
 
 def test_a_budget_between_frontier_plans_gets_a_plan_in_the_gap():

@@ -66,6 +66,10 @@ class SaveNetwork:
     value_edge: dict
     #: value name -> its in-node (its out-node is the next one)
     in_node: dict
+    #: value name -> index of the forward op that makes it (inputs have none)
+    op_of: dict
+    #: op index -> its recompute cost
+    op_cost: dict
 
 
 @dataclass(frozen=True)
@@ -100,14 +104,16 @@ class Frontier:
     fastest: SavePlan
     smallest: SavePlan
     solve_ms: float
-    #: the problem the plans solve; with it, a budget between two plans fills their gap
-    problem: SaveProblem | None = field(default=None, repr=False, compare=False)
+    #: the networks of the problem the plans solve; with them, a budget between two plans fills their gap
+    networks: SaveNetworks | None = field(default=None, repr=False, compare=False)
     #: plans found filling gaps, by the index of the plan above the gap (filled on demand)
     filled: dict = field(default_factory=dict, repr=False, compare=False)
     #: the knapsack solver the plans were found with
     solver: str = "dp"
-    #: the problem's networks, shared by the cuts that fill gaps
-    networks: "SaveNetworks | None" = field(default=None, repr=False, compare=False)
+
+    @property
+    def problem(self) -> SaveProblem | None:
+        return None if self.networks is None else self.networks.problem
 
 
 @dataclass(frozen=True)
@@ -170,7 +176,9 @@ class SaveNetworks:
         labels[self.source], labels[self.sink] = "source", "sink"
         self.labels = tuple(labels)
         self.in_node = {name: 2 * i for name, i in index.items()}
-        self.producer = problem.producer_of()
+        producer = problem.producer_of()
+        self.op_of = {name: op.index for name, op in producer.items()}
+        self.op_cost = {op.index: op.cost for op in problem.ops}
         self.edges, self.caps, self.value_edge = [], [], {}
         #: per op that a kept soft ban can make banned: (value edge, in-node, bytes if saved) per output
         self.bannable: dict[int, list[tuple[int, int, float]]] = {}
@@ -179,7 +187,7 @@ class SaveNetworks:
         must_save = set(problem.must_save)
         for name in names:
             value, node = problem.values[name], 2 * index[name]
-            op = self.producer.get(name)
+            op = producer.get(name)
             if value.is_input or op is None:
                 self._add(self.source, node, math.inf)
                 self.value_edge[name] = self._add(node, node + 1, 0.0)
@@ -204,6 +212,7 @@ class SaveNetworks:
                 self._add(2 * index[op.writes], node, math.inf)
         for name in sorted(set(problem.needed_by_backward)):
             self._add(2 * index[name] + 1, self.sink, math.inf)
+        self.edges = tuple(self.edges)
 
     def _add(self, u: int, v: int, capacity: float) -> int:
         self.edges.append((u, v))
@@ -225,14 +234,14 @@ class SaveNetworks:
                     extra.append((self.source, node, price * cost))
                 else:
                     extra += [(first, node, math.inf), (node, first, math.inf)]
-        edges = tuple(self.edges) + tuple((u, v) for u, v, _ in extra)
+        edges = self.edges + tuple((u, v) for u, v, _ in extra)
         capacities = tuple(caps) + tuple(c for _, _, c in extra)
         network = FlowNetwork(len(self.labels), edges, capacities, self.source, self.sink)
-        return SaveNetwork(network, self.labels, self.value_edge, self.in_node)
+        return SaveNetwork(network, self.labels, self.value_edge, self.in_node, self.op_of, self.op_cost)
 
     def plan(self, kept_bans, price: float = 0.0) -> SavePlan:
         net = self.network(kept_bans, price)
-        return plan_from_cut(self.problem, net, min_cut(net.network), kept_bans, price, producer=self.producer)
+        return plan_from_cut(self.problem, net, min_cut(net.network), kept_bans, price)
 
 
 def build_save_network(problem: SaveProblem, kept_bans: frozenset[int], price: float = 0.0) -> SaveNetwork:
@@ -240,8 +249,7 @@ def build_save_network(problem: SaveProblem, kept_bans: frozenset[int], price: f
     return SaveNetworks(problem).network(kept_bans, price)
 
 
-def plan_from_cut(problem: SaveProblem, net: SaveNetwork, cut: CutResult, kept_bans, price: float = 0.0,
-                  producer: dict | None = None) -> SavePlan:
+def plan_from_cut(problem: SaveProblem, net: SaveNetwork, cut: CutResult, kept_bans, price: float = 0.0) -> SavePlan:
     if not cut.is_finite:
         stale = sorted(set(problem.needed_by_backward) & problem.overwritten)
         why = (f"; the backward reads {', '.join(stale)} from before an in-place write overwrote its storage "
@@ -250,14 +258,12 @@ def plan_from_cut(problem: SaveProblem, net: SaveNetwork, cut: CutResult, kept_b
     side = cut.source_side
     # Saved: a value whose in-node is available (source side) while its out-node is not.
     saved = sorted(n for n, k in net.in_node.items() if k in side and k + 1 not in side)
-    producer = problem.producer_of() if producer is None else producer
-    recomputed = sorted({producer[n].index for n, k in net.in_node.items() if k not in side and n in producer})
-    cost = {op.index: op.cost for op in problem.ops}
+    recomputed = sorted({net.op_of[n] for n, k in net.in_node.items() if k not in side and n in net.op_of})
     return SavePlan(
         saved=tuple(saved),
         recomputed=tuple(recomputed),
         saved_bytes=problem.storage_bytes(saved),
-        recompute_cost=float(sum(cost[i] for i in recomputed)),
+        recompute_cost=float(sum(net.op_cost[i] for i in recomputed)),
         kept_bans=frozenset(kept_bans),
         cut_value=cut.value,
         price=price,
@@ -305,8 +311,7 @@ def build_frontier(problem: SaveProblem, solver: str = "dp", steps: int = FRONTI
     if len(in_range) < sum(p.saved_bytes <= fastest.saved_bytes for p in plans.values()):
         log.debug("a priced plan beats the fastest plan on both bytes and recompute; it is not offered")
     pareto = _pareto(in_range)
-    return Frontier(tuple(pareto), fastest, smallest, (time.perf_counter() - start) * 1e3, problem, solver=solver,
-                    networks=networks)
+    return Frontier(tuple(pareto), fastest, smallest, (time.perf_counter() - start) * 1e3, networks, solver=solver)
 
 
 def gap_plans(frontier: Frontier, target: int) -> tuple[SavePlan, ...]:
@@ -330,8 +335,7 @@ def gap_plans(frontier: Frontier, target: int) -> tuple[SavePlan, ...]:
     if upper not in frontier.filled:
         start = time.perf_counter()
         low, high = plans[upper - 1].saved_bytes, plans[upper].saved_bytes
-        networks = frontier.networks or SaveNetworks(frontier.problem)
-        found = _fill(networks, plans[upper], low, frontier.solver)
+        found = _fill(frontier.networks, plans[upper], low, frontier.solver)
         # A plan recomputing less than the upper plan would let a budget in this gap recompute
         # less than one above it; like plans beating the fastest, it is not offered.
         least = plans[upper].recompute_cost
