@@ -16,8 +16,7 @@ import torch
 warnings.filterwarnings("ignore", message="transformer_engine module not found")
 
 import thunder_remat  # noqa: E402  (registers the plugin)
-import thunder_remat.fusion_pairs as fusion_pairs  # noqa: E402
-import thunder_remat.save_plan as save_plan  # noqa: E402
+from thunder_remat.solvers.maxflow import CutSolver  # noqa: E402
 from helpers import networkx_cut_value  # noqa: E402
 
 torch.set_num_threads(2)
@@ -28,21 +27,14 @@ def cut_values_match_networkx(monkeypatch):
     """Every min cut solved during a test (each fusion pair, each whole-graph plan): igraph's cut
     value equals networkx's on the same network."""
     solved = []
-    original_pair = fusion_pairs.solve_pair
-    original_cut = save_plan.min_cut
+    original_cut = CutSolver.cut
 
-    def checked_pair(problem):
-        out = original_pair(problem)
-        solved.append((out[0].network, out[1]))
-        return out
-
-    def checked_cut(network):
-        cut = original_cut(network)
-        solved.append((network, cut))
+    def checked_cut(self, capacities):
+        cut = original_cut(self, capacities)
+        solved.append((self.network(capacities), cut))
         return cut
 
-    monkeypatch.setattr(fusion_pairs, "solve_pair", checked_pair)
-    monkeypatch.setattr(save_plan, "min_cut", checked_cut)
+    monkeypatch.setattr(CutSolver, "cut", checked_cut)
     yield solved
     for network, cut in solved:
         expected = networkx_cut_value(network)

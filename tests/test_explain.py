@@ -77,7 +77,7 @@ def test_draw_whole_graph_marks_the_cut(tmp_path):
 
 
 def test_draw_shows_the_chosen_plan_even_when_it_was_priced():
-    from thunder_remat.save_plan import build_save_network, plan_from_cut
+    from thunder_remat.save_plan import SaveNetworks
     from thunder_remat.solvers.maxflow import min_cut
 
     jm, _ = jit_and_run("gpt", remat_memory_budget=0.1)
@@ -87,8 +87,9 @@ def test_draw_shows_the_chosen_plan_even_when_it_was_priced():
     result = thunder_remat.last_save_plan(jm)
     plan = result.choice.plan
     assert plan.price > 0 and plan.saved_bytes == priced[0].saved_bytes
-    net = build_save_network(result.problem, plan.kept_bans, plan.price)
-    assert plan_from_cut(result.problem, net, min_cut(net.network), plan.kept_bans, plan.price) == plan
+    networks = SaveNetworks(result.problem)  # the plan again, from a one-off cut of the drawn network
+    net = networks.network(plan.kept_bans, plan.price)
+    assert networks.plan_from_cut(min_cut(net.network), plan.kept_bans, plan.price) == plan
     dot = thunder_remat.draw(jm)
     labels = dict(re.findall(r'^  (n\d+) \[label="([^"]*)"', dot, re.M))
     red = re.findall(r'^  (n\d+) -> (n\d+) \[[^\]]*color="red"', dot, re.M)

@@ -8,6 +8,7 @@ import random
 import pytest
 
 from thunder_remat.save_plan import (
+    SaveNetworks,
     build_frontier,
     build_save_network,
     choose_fastest,
@@ -16,6 +17,7 @@ from thunder_remat.save_plan import (
     plan_with_bans,
 )
 from thunder_remat.save_problem import ForwardOp, ForwardValue, SaveProblem
+from thunder_remat.solvers.maxflow import min_cut
 
 
 def problem(values, ops, needed) -> SaveProblem:
@@ -269,3 +271,25 @@ def test_gap_filling_gets_closer_to_brute_force():
             worse += choose_plan(frontier, ("bytes", target)).plan.recompute_cost > best + 1e-9
             worse_unfilled += choose_plan(unfilled, ("bytes", target)).plan.recompute_cost > best + 1e-9
     assert worse < worse_unfilled
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_shared_networks_give_each_plan_a_one_off_cut_gives(seed):
+    """``SaveNetworks`` solves every (kept bans, price) on one set of edges, each cut only setting
+    capacities: its plans equal those decoded from a one-off cut of the plain network record, in
+    any order of asking (multi-output ops, whose price edge is tied, included)."""
+    rng = random.Random(seed)
+    p = random_problem(rng)
+    last = p.ops[-1]
+    p.values["extra"] = ForwardValue("extra", 64, False)
+    p.ops[-1] = dataclasses.replace(last, outputs=(*last.outputs, "extra"), soft_ban="matmul", hard_ban=None)
+    p.needed_by_backward = (*p.needed_by_backward, "extra")
+    networks = SaveNetworks(p)
+    soft = sorted(op.index for op in p.ops if op.soft_ban and not op.hard_ban)
+    asks = [(frozenset(rng.sample(soft, rng.randint(0, len(soft)))), rng.choice([0.0, 0.0, 0.05, 1.0, 20.0]))
+            for _ in range(10)]
+    for kept, price in asks + asks[::-1]:
+        plan = networks.plan(kept, price)
+        net = networks.network(kept, price)
+        assert networks.plan_from_cut(min_cut(net.network), kept, price) == plan
+        assert valid(p, plan)

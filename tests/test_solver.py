@@ -9,7 +9,7 @@ import pytest
 from helpers import networkx_cut_value
 from thunder_remat.flow_graph import Side, Terminal, ValueNode, build_network, solve_pair
 from thunder_remat.pair_problem import PairProblem
-from thunder_remat.solvers import FlowNetwork, min_cut
+from thunder_remat.solvers import CutSolver, FlowNetwork, min_cut
 
 
 def random_network(rng: random.Random) -> FlowNetwork:
@@ -164,3 +164,27 @@ def test_collectives_stay_in_the_producer():
     for name in ("torch_all_gather_prim_impl", "torch_wait_prim_impl", "wait", "all_reduce"):
         assert _keep_in_producer_reason(bsym(name), TagCache()) == "collective"
     assert _keep_in_producer_reason(bsym("add"), TagCache()) is None
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_one_solver_many_capacities(seed):
+    """A CutSolver reused for many capacity vectors (zeros included: edges a cut does not use)
+    gives each the cut a fresh solve of that network gives, at networkx's value."""
+    rng = random.Random(seed)
+    shape = random_network(rng)
+    solver = CutSolver(shape.num_nodes, shape.edges, shape.source, shape.sink)
+    for _ in range(8):
+        caps = tuple(rng.choice([0.0, 0.0, math.inf, float(rng.randint(1, 20))]) for _ in shape.edges)
+        network = FlowNetwork(shape.num_nodes, shape.edges, caps, shape.source, shape.sink)
+        cut, fresh = solver.cut(caps), min_cut(network)
+        assert cut.source_side == fresh.source_side and cut.cut_edges == fresh.cut_edges
+        expected = networkx_cut_value(network)
+        assert cut.value == pytest.approx(expected) or (math.isinf(cut.value) and math.isinf(expected))
+
+
+def test_cut_solver_rejects_bad_capacities():
+    solver = CutSolver(3, ((0, 1), (1, 2)), 0, 2)
+    with pytest.raises(ValueError, match="one capacity per edge"):
+        solver.cut((1.0,))
+    with pytest.raises(ValueError, match="non-negative"):
+        solver.cut((1.0, math.nan))

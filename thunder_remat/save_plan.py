@@ -38,9 +38,11 @@ import math
 import time
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from thunder_remat.save_problem import ForwardOp, SaveProblem
 from thunder_remat.solvers.knapsack import solve_knapsack
-from thunder_remat.solvers.maxflow import CutResult, FlowNetwork, min_cut
+from thunder_remat.solvers.maxflow import CutResult, CutSolver, FlowNetwork
 
 __all__ = ["SavePlan", "SaveNetwork", "SaveNetworks", "Frontier", "BudgetChoice", "build_save_network",
            "plan_with_bans", "build_frontier", "gap_plans", "choose_plan", "choose_fastest", "is_fastest_budget"]
@@ -57,19 +59,13 @@ GAP_STEPS = 16
 
 @dataclass(frozen=True)
 class SaveNetwork:
-    """The flow network and what each of its nodes stands for."""
+    """One flow network of a problem and what each of its nodes stands for."""
 
     network: FlowNetwork
     #: node index -> (value name, "in" | "out"), or "source" / "sink"
     labels: tuple
     #: edge index of each value's in -> out edge
     value_edge: dict
-    #: value name -> its in-node (its out-node is the next one)
-    in_node: dict
-    #: value name -> index of the forward op that makes it (inputs have none)
-    op_of: dict
-    #: op index -> its recompute cost
-    op_cost: dict
 
 
 @dataclass(frozen=True)
@@ -155,42 +151,53 @@ def _knapsack_plans(networks: SaveNetworks, capacities, solver: str) -> list[Sav
 
 
 class SaveNetworks:
-    """Every flow network of one problem, from parts made once: the budget search solves hundreds
-    of cuts that differ only in which soft bans hold and in the recompute price, so each network
-    is the shared edges with a few capacities changed and a few edges added.
+    """Every flow network of one problem, on one set of edges: the budget search solves hundreds
+    of cuts that differ only in which soft bans hold and in the recompute price, so the edges any
+    of them may use are laid out once and each cut only sets capacities (an edge a cut does not
+    use has none).
 
-    ``network(kept_bans, price)``: the ``problem`` with ``kept_bans`` soft bans in force. ``price``
-    > 0 also charges ``price * op cost`` for every op left on the recompute side (an edge source ->
-    the in-node of its first output; its other outputs are tied to that node, so a multi-output op
-    is charged once and recomputed whole).
+    ``plan(kept_bans, price)``: the plan of the ``problem`` with ``kept_bans`` soft bans in force.
+    A kept ban gives its op's outputs their saved bytes and an edge from the source. ``price`` > 0
+    also charges ``price * op cost`` for every op left on the recompute side (an edge source -> the
+    in-node of its first output; its other outputs are tied to that node, so a multi-output op is
+    charged once and recomputed whole). Plans are remembered: gap filling asks for some twice.
     """
 
     def __init__(self, problem: SaveProblem) -> None:
         self.problem = problem
         names = sorted(problem.values)
         index = {name: i for i, name in enumerate(names)}
+        self.names = tuple(names)
         self.source, self.sink = 2 * len(names), 2 * len(names) + 1
         labels = [None] * (2 * len(names) + 2)
         for name, i in index.items():
             labels[2 * i], labels[2 * i + 1] = (name, "in"), (name, "out")
         labels[self.source], labels[self.sink] = "source", "sink"
         self.labels = tuple(labels)
-        self.in_node = {name: 2 * i for name, i in index.items()}
         producer = problem.producer_of()
-        self.op_of = {name: op.index for name, op in producer.items()}
         self.op_cost = {op.index: op.cost for op in problem.ops}
-        self.edges, self.caps, self.value_edge = [], [], {}
-        #: per op that a kept soft ban can make banned: (value edge, in-node, bytes if saved) per output
+        self.op_indices = sorted(self.op_cost)
+        position = {index: k for k, index in enumerate(self.op_indices)}
+        #: per value (in node order): where in ``op_indices`` the op that makes it is, -1 for inputs
+        self.value_op = np.array([position[producer[n].index] if n in producer else -1 for n in names],
+                                 dtype=np.int64)
+        edges, caps, self.value_edge = [], [], {}
+        #: per op a kept soft ban can make banned: (value edge, source edge, bytes if saved) per output
         self.bannable: dict[int, list[tuple[int, int, float]]] = {}
-        #: values whose op a price charges: (in-node, in-node of the op's first output, op index, cost)
-        self.priceable: list[tuple[int, int, int, float]] = []
+        ban_sources, priced = [], []
         must_save = set(problem.must_save)
+
+        def add(u, v, capacity):
+            edges.append((u, v))
+            caps.append(capacity)
+            return len(edges) - 1
+
         for name in names:
             value, node = problem.values[name], 2 * index[name]
             op = producer.get(name)
             if value.is_input or op is None:
-                self._add(self.source, node, math.inf)
-                self.value_edge[name] = self._add(node, node + 1, 0.0)
+                add(self.source, node, math.inf)
+                self.value_edge[name] = add(node, node + 1, 0.0)
                 continue
             # A view is not saved: its base is, or the backward makes it again (for free). Only a
             # view whose op may not run again (or a write's output: the data its storage now holds)
@@ -199,75 +206,101 @@ class SaveNetworks:
             saved_bytes = math.inf if overwritten else float(value.held_bytes)
             free_bytes = math.inf if (op.force_recompute or value.maybe_view) and op.writes is None else saved_bytes
             if op.hard_ban is not None or name in must_save:  # available from the forward as it is
-                self.value_edge[name] = self._add(node, node + 1, saved_bytes)
-                self._add(self.source, node, math.inf)
+                self.value_edge[name] = add(node, node + 1, saved_bytes)
+                add(self.source, node, math.inf)
             else:
-                self.value_edge[name] = self._add(node, node + 1, free_bytes)
-                self.bannable.setdefault(op.index, []).append((self.value_edge[name], node, saved_bytes))
+                self.value_edge[name] = add(node, node + 1, free_bytes)
+                ban_sources.append((op.index, name, node, saved_bytes))
                 if op.cost > 0.0:
-                    self.priceable.append((node, 2 * index[op.outputs[0]], op.index, op.cost))
+                    priced.append((op.index, op.cost, node, 2 * index[op.outputs[0]]))
             for dep in sorted(set(op.inputs)):
-                self._add(2 * index[dep] + 1, node, math.inf)
+                add(2 * index[dep] + 1, node, math.inf)
             if op.writes is not None:  # recomputed only with its destination (into a fresh tensor)
-                self._add(2 * index[op.writes], node, math.inf)
+                add(2 * index[op.writes], node, math.inf)
         for name in sorted(set(problem.needed_by_backward)):
-            self._add(2 * index[name] + 1, self.sink, math.inf)
-        self.edges = tuple(self.edges)
+            add(2 * index[name] + 1, self.sink, math.inf)
+        self.shared_edges = len(edges)
+        # edges only some cuts use, with no capacity until a cut gives them one
+        for op_index, name, node, saved_bytes in ban_sources:
+            source_edge = add(self.source, node, 0.0)
+            self.bannable.setdefault(op_index, []).append((self.value_edge[name], source_edge, saved_bytes))
+        price_edges, price_costs, price_ops, tie_edges, tie_ops = [], [], [], [], []
+        for op_index, cost, node, first in priced:
+            if node == first:
+                price_edges.append(add(self.source, node, 0.0))
+                price_costs.append(cost)
+                price_ops.append(op_index)
+            else:
+                tie_edges += [add(first, node, 0.0), add(node, first, 0.0)]
+                tie_ops += [op_index, op_index]
+        self.price_edges, self.price_costs, self.price_ops = (np.array(price_edges, dtype=np.int64),
+                                                              np.array(price_costs, dtype=float),
+                                                              np.array(price_ops, dtype=np.int64))
+        self.tie_edges, self.tie_ops = np.array(tie_edges, dtype=np.int64), np.array(tie_ops, dtype=np.int64)
+        self.base_capacities = np.array(caps, dtype=float)
+        self.solver = CutSolver(len(labels), edges, self.source, self.sink)
+        self._plans: dict[tuple, SavePlan] = {}
 
-    def _add(self, u: int, v: int, capacity: float) -> int:
-        self.edges.append((u, v))
-        self.caps.append(capacity)
-        return len(self.edges) - 1
+    def capacities(self, kept_bans, price: float = 0.0) -> np.ndarray:
+        """Every edge's capacity with ``kept_bans`` in force and ``price`` charged."""
+        kept = sorted(frozenset(kept_bans) & self.bannable.keys())
+        caps = self.base_capacities.copy()
+        for op_index in kept:
+            for value_edge, source_edge, saved_bytes in self.bannable[op_index]:
+                caps[value_edge] = saved_bytes
+                caps[source_edge] = math.inf
+        if price > 0.0:
+            charged = ~np.isin(self.price_ops, kept)
+            caps[self.price_edges[charged]] = price * self.price_costs[charged]
+            caps[self.tie_edges[~np.isin(self.tie_ops, kept)]] = math.inf
+        return caps
 
     def network(self, kept_bans, price: float = 0.0) -> SaveNetwork:
-        kept = frozenset(kept_bans)
-        caps, extra = list(self.caps), []
-        for op_index in sorted(kept & self.bannable.keys()):
-            for edge, node, saved_bytes in self.bannable[op_index]:
-                caps[edge] = saved_bytes
-                extra.append((self.source, node, math.inf))
-        if price > 0.0:
-            for node, first, op_index, cost in self.priceable:
-                if op_index in kept:
-                    continue
-                if node == first:
-                    extra.append((self.source, node, price * cost))
-                else:
-                    extra += [(first, node, math.inf), (node, first, math.inf)]
-        edges = self.edges + tuple((u, v) for u, v, _ in extra)
-        capacities = tuple(caps) + tuple(c for _, _, c in extra)
-        network = FlowNetwork(len(self.labels), edges, capacities, self.source, self.sink)
-        return SaveNetwork(network, self.labels, self.value_edge, self.in_node, self.op_of, self.op_cost)
+        """The plain record of one network (for drawings and checks; ``plan`` needs none): the
+        shared edges and the other edges this cut gives a capacity."""
+        caps = self.capacities(kept_bans, price)
+        used = np.flatnonzero((np.arange(len(caps)) < self.shared_edges) | (caps > 0)).tolist()
+        full = self.solver.network(caps)
+        network = FlowNetwork(full.num_nodes, tuple(full.edges[e] for e in used), tuple(full.capacities[e] for e in used),
+                              self.source, self.sink)
+        return SaveNetwork(network, self.labels, self.value_edge)
 
     def plan(self, kept_bans, price: float = 0.0) -> SavePlan:
-        net = self.network(kept_bans, price)
-        return plan_from_cut(self.problem, net, min_cut(net.network), kept_bans, price)
+        key = (frozenset(kept_bans), price)
+        if key not in self._plans:
+            cut = self.solver.cut(self.capacities(kept_bans, price))
+            self._plans[key] = self.plan_from_cut(cut, kept_bans, price)
+        return self._plans[key]
+
+    def plan_from_cut(self, cut: CutResult, kept_bans, price: float = 0.0) -> SavePlan:
+        problem = self.problem
+        if not cut.is_finite:
+            stale = sorted(set(problem.needed_by_backward) & problem.overwritten)
+            why = (f"; the backward reads {', '.join(stale)} from before an in-place write overwrote its storage "
+                   "(Thunder alone hands the backward the overwritten data: check the gradients)") if stale else ""
+            raise ValueError("no finite cut: a value the backward reads can neither be saved nor recomputed" + why)
+        values = len(self.names)
+        available, kept_alive = cut.source_mask[0:2 * values:2], cut.source_mask[1:2 * values:2]
+        # Saved: a value whose in-node is available (source side) while its out-node is not.
+        saved = [self.names[i] for i in np.flatnonzero(available & ~kept_alive).tolist()]
+        made_again = np.zeros(len(self.op_indices), dtype=bool)
+        made_again[self.value_op[~available & (self.value_op >= 0)]] = True
+        # the ints of the problem's own op indices: the plans kept share them (hundreds, at depth)
+        recomputed = [self.op_indices[k] for k in np.flatnonzero(made_again).tolist()]
+        return SavePlan(
+            saved=tuple(saved),
+            recomputed=tuple(recomputed),
+            saved_bytes=problem.storage_bytes(saved),
+            recompute_cost=float(sum(map(self.op_cost.__getitem__, recomputed))),
+            kept_bans=frozenset(kept_bans),
+            cut_value=cut.value,
+            price=price,
+        )
 
 
 def build_save_network(problem: SaveProblem, kept_bans: frozenset[int], price: float = 0.0) -> SaveNetwork:
     """The flow network for ``problem`` with ``kept_bans`` soft bans in force (see ``SaveNetworks``)."""
     return SaveNetworks(problem).network(kept_bans, price)
-
-
-def plan_from_cut(problem: SaveProblem, net: SaveNetwork, cut: CutResult, kept_bans, price: float = 0.0) -> SavePlan:
-    if not cut.is_finite:
-        stale = sorted(set(problem.needed_by_backward) & problem.overwritten)
-        why = (f"; the backward reads {', '.join(stale)} from before an in-place write overwrote its storage "
-               "(Thunder alone hands the backward the overwritten data: check the gradients)") if stale else ""
-        raise ValueError("no finite cut: a value the backward reads can neither be saved nor recomputed" + why)
-    side = cut.source_side
-    # Saved: a value whose in-node is available (source side) while its out-node is not.
-    saved = sorted(n for n, k in net.in_node.items() if k in side and k + 1 not in side)
-    recomputed = sorted({net.op_of[n] for n, k in net.in_node.items() if k not in side and n in net.op_of})
-    return SavePlan(
-        saved=tuple(saved),
-        recomputed=tuple(recomputed),
-        saved_bytes=problem.storage_bytes(saved),
-        recompute_cost=float(sum(net.op_cost[i] for i in recomputed)),
-        kept_bans=frozenset(kept_bans),
-        cut_value=cut.value,
-        price=price,
-    )
 
 
 def plan_with_bans(problem: SaveProblem, kept_bans, price: float = 0.0) -> SavePlan:

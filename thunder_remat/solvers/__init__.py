@@ -1,5 +1,5 @@
 """Solvers on plain data. Nothing in this package imports thunder."""
 
-from thunder_remat.solvers.maxflow import CutResult, FlowNetwork, min_cut
+from thunder_remat.solvers.maxflow import CutResult, CutSolver, FlowNetwork, min_cut
 
-__all__ = ["CutResult", "FlowNetwork", "min_cut"]
+__all__ = ["CutResult", "CutSolver", "FlowNetwork", "min_cut"]

@@ -80,15 +80,14 @@ def _dynamic_programming(values, weights, capacity) -> list[int]:
     units = [int(math.ceil(weights[i] / step - 1e-9)) for i in items]
     import numpy as np
 
-    best = np.zeros(cap + 1)
+    best, scratch = np.zeros(cap + 1), np.empty(cap + 1)
     took = np.zeros((len(items), cap + 1), dtype=bool)
     for k, i in enumerate(items):
         u, v = units[k], values[i]
         # every capacity c >= u at once, from the previous row (the 0/1 recurrence)
-        candidate = best[: cap + 1 - u] + v
-        better = candidate > best[u:]
-        took[k, u:] = better
-        best[u:] = np.where(better, candidate, best[u:])
+        candidate = np.add(best[: cap + 1 - u], v, out=scratch[: cap + 1 - u])
+        np.greater(candidate, best[u:], out=took[k, u:])
+        np.maximum(best[u:], candidate, out=best[u:])  # candidate is a copy: no overlap
     kept, c = [], cap
     for k in range(len(items) - 1, -1, -1):
         if took[k, c]:

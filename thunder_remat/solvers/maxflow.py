@@ -1,17 +1,38 @@
 """Minimum s-t cut of a directed flow network with python-igraph.
 
 The network is plain data (node count, edge list, capacities) so the solver can be tested
-against a second implementation without any trace.
+against a second implementation without any trace. ``CutSolver`` holds one network's edges and
+solves a cut for each capacity vector it is given: the whole-graph pass solves hundreds of cuts
+on edges that never change, so the graphs are built once and each cut is array work around
+igraph's maxflow.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from functools import cached_property
 
 import igraph
+import numpy as np
 
-__all__ = ["FlowNetwork", "CutResult", "min_cut"]
+__all__ = ["FlowNetwork", "CutResult", "CutSolver", "min_cut"]
+
+
+def _check_edges(num_nodes: int, edges, source: int, sink: int) -> None:
+    if edges and (min(map(min, edges)) < 0 or max(map(max, edges)) >= num_nodes):
+        u, v = next((u, v) for u, v in edges if not (0 <= u < num_nodes and 0 <= v < num_nodes))
+        raise ValueError(f"FlowNetwork edge ({u}, {v}) names a node outside 0..{num_nodes - 1}")
+    if source == sink:
+        raise ValueError("FlowNetwork source and sink must differ")
+
+
+def _check_capacities(num_edges: int, capacities: np.ndarray) -> None:
+    if len(capacities) != num_edges:
+        raise ValueError("FlowNetwork needs one capacity per edge")
+    # NaN first: with a NaN present, min() is not reliable
+    if np.isnan(capacities).any() or (len(capacities) and capacities.min() < 0):
+        raise ValueError("FlowNetwork capacities must be non-negative numbers")
 
 
 @dataclass(frozen=True)
@@ -27,14 +48,8 @@ class FlowNetwork:
     def __post_init__(self) -> None:
         if len(self.edges) != len(self.capacities):
             raise ValueError("FlowNetwork needs one capacity per edge")
-        if self.edges and (min(map(min, self.edges)) < 0 or max(map(max, self.edges)) >= self.num_nodes):
-            u, v = next((u, v) for u, v in self.edges if not (0 <= u < self.num_nodes and 0 <= v < self.num_nodes))
-            raise ValueError(f"FlowNetwork edge ({u}, {v}) names a node outside 0..{self.num_nodes - 1}")
-        # NaN first: with a NaN present, min() is not reliable
-        if any(map(math.isnan, self.capacities)) or (self.capacities and min(self.capacities) < 0):
-            raise ValueError("FlowNetwork capacities must be non-negative numbers")
-        if self.source == self.sink:
-            raise ValueError("FlowNetwork source and sink must differ")
+        _check_edges(self.num_nodes, self.edges, self.source, self.sink)
+        _check_capacities(len(self.edges), np.asarray(self.capacities, dtype=float))
 
 
 @dataclass(frozen=True)
@@ -42,40 +57,70 @@ class CutResult:
     """A minimum cut: its value, the nodes on the source side, and the cut edges (indices)."""
 
     value: float
-    source_side: frozenset[int]
+    #: per node: on the source side
+    source_mask: np.ndarray = field(repr=False, compare=False)
     cut_edges: tuple[int, ...]
+
+    @cached_property
+    def source_side(self) -> frozenset[int]:
+        return frozenset(np.flatnonzero(self.source_mask).tolist())
 
     @property
     def is_finite(self) -> bool:
         return math.isfinite(self.value)
 
 
-def min_cut(network: FlowNetwork) -> CutResult:
-    """Solve the minimum cut; an infinite value means source and sink cannot be separated.
+class CutSolver:
+    """Minimum cuts of one network's edges, for any capacities.
 
-    Among equally cheap cuts this returns the one with the largest source side (every node that
+    Among equally cheap cuts ``cut`` returns the one with the largest source side (every node that
     cannot reach the sink in the residual graph), so ties are broken toward handing values over
     rather than recomputing them, and the answer does not depend on the solver's internals.
     Infinite capacities become a finite bound larger than every finite cut, so the solver never
     does arithmetic on ``inf``; a cut reaching that bound is reported as infinite.
     """
-    finite_total = sum(c for c in network.capacities if math.isfinite(c))
-    unbounded = 2.0 * finite_total + 1.0
-    capacities = [c if math.isfinite(c) else unbounded for c in network.capacities]
-    graph = igraph.Graph(n=network.num_nodes, edges=list(network.edges), directed=True)
-    flow = graph.maxflow(network.source, network.sink, capacity=capacities)
-    value = float(flow.value)
-    tolerance = 1e-9 * max(1.0, unbounded)
 
-    # Nodes that can still reach the sink through edges with spare capacity (or flow to undo).
-    residual = [e for e, cap, f in zip(network.edges, capacities, flow.flow) if cap - f > tolerance]
-    residual += [(v, u) for (u, v), f in zip(network.edges, flow.flow) if f > tolerance]
-    residual_graph = igraph.Graph(n=network.num_nodes, edges=residual, directed=True)
-    reaches_sink = residual_graph.subcomponent(network.sink, mode="in")
-    source_side = frozenset(range(network.num_nodes)).difference(reaches_sink)
-    cut_edges = tuple(
-        i for i, (u, v) in enumerate(network.edges) if u in source_side and v not in source_side
-    )
-    if value >= unbounded:
-        return CutResult(math.inf, source_side, cut_edges)
-    return CutResult(value, source_side, cut_edges)
+    def __init__(self, num_nodes: int, edges, source: int, sink: int) -> None:
+        edges = tuple(edges)
+        _check_edges(num_nodes, edges, source, sink)
+        self.num_nodes, self.source, self.sink = num_nodes, source, sink
+        pairs = np.asarray(edges, dtype=np.int64).reshape(len(edges), 2)
+        self.tails, self.heads = pairs[:, 0], pairs[:, 1]
+        self.graph = igraph.Graph(n=num_nodes, edges=list(edges), directed=True)
+        # the residual graph's candidate edges: every edge forward (spare capacity), then backward
+        # (flow to undo); each cut keeps the ones it has
+        both = list(edges) + [(v, u) for u, v in edges]
+        self.residual_candidates = igraph.Graph(n=num_nodes, edges=both, directed=True)
+
+    @property
+    def num_edges(self) -> int:
+        return len(self.tails)
+
+    def network(self, capacities) -> FlowNetwork:
+        """The plain record of this network with ``capacities`` (for drawings and checks)."""
+        edges = tuple(zip(self.tails.tolist(), self.heads.tolist()))
+        return FlowNetwork(self.num_nodes, edges, tuple(float(c) for c in capacities), self.source, self.sink)
+
+    def cut(self, capacities) -> CutResult:
+        caps = np.array(capacities, dtype=float)
+        _check_capacities(self.num_edges, caps)
+        finite = np.isfinite(caps)
+        unbounded = 2.0 * sum(caps[finite].tolist()) + 1.0
+        caps[~finite] = unbounded
+        value, flow, _, _ = igraph.GraphBase.maxflow(self.graph, self.source, self.sink, caps.tolist())
+        value = float(value)
+        flow = np.asarray(flow, dtype=float)
+        tolerance = 1e-9 * max(1.0, unbounded)
+        keep = np.concatenate([caps - flow > tolerance, flow > tolerance])
+        residual = self.residual_candidates.subgraph_edges(np.flatnonzero(keep).tolist(), delete_vertices=False)
+        source_mask = np.ones(self.num_nodes, dtype=bool)
+        source_mask[residual.subcomponent(self.sink, mode="in")] = False
+        crossing = source_mask[self.tails] & ~source_mask[self.heads]
+        cut_edges = tuple(np.flatnonzero(crossing).tolist())
+        return CutResult(math.inf if value >= unbounded else value, source_mask, cut_edges)
+
+
+def min_cut(network: FlowNetwork) -> CutResult:
+    """Solve the minimum cut of one network (see ``CutSolver.cut``); an infinite value means
+    source and sink cannot be separated."""
+    return CutSolver(network.num_nodes, network.edges, network.source, network.sink).cut(network.capacities)
