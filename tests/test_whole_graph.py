@@ -448,3 +448,28 @@ def test_a_schedule_is_estimated_as_the_trace_it_builds(monkeypatch, name):
     assert len(schedules) >= 3 and result.anchor_estimates
     for schedule in schedules:
         assert estimate_schedule_peak(schedule) == estimate_peak_bytes(build(schedule))
+
+
+def test_a_dropped_copy_schedule_is_freed_without_a_garbage_collection():
+    """The passes run with the cyclic collector paused, so "auto" can let go of a candidate's
+    schedule only if nothing in it refers back to itself: dropped, it is freed at once."""
+    import gc
+    import weakref
+
+    from thunder_remat.plugin import last_joint_trace
+    from thunder_remat.recompute_rewrite import schedule_copies
+
+    jm = train_step("gpt", None, remat=True, remat_memory_budget=0.0)[0]
+    result = thunder_remat.last_save_plan(jm)
+    recomputed = result.choice.plan.recomputed
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        schedule = schedule_copies(last_joint_trace(jm), recomputed, window=4, checkpoints=(frozenset(recomputed[:3]),))
+        assert schedule.copies
+        freed = weakref.ref(schedule)
+        del schedule
+        assert freed() is None
+    finally:
+        if was_enabled:
+            gc.enable()

@@ -132,19 +132,24 @@ def schedule_copies(trace, recomputed_indices, *, window: int | None = None, che
         latest[i] = [copy, pos, made_for]
         return copy
 
-    for position, bsym in enumerate(trace.bound_symbols):
-        if is_backward(bsym) and reads_forward_values(bsym):
-            reads = {}
-            for p in bsym.flat_proxy_args:
-                j = producer_index.get(p.name)
-                if j is not None:
-                    reads[p.name] = emit(j, length)
-            if pending:
-                schedule.before[position] = list(pending)
-                pending.clear()
-            if reads:
-                schedule.reads[position] = reads
-        length += 1
+    try:
+        for position, bsym in enumerate(trace.bound_symbols):
+            if is_backward(bsym) and reads_forward_values(bsym):
+                reads = {}
+                for p in bsym.flat_proxy_args:
+                    j = producer_index.get(p.name)
+                    if j is not None:
+                        reads[p.name] = emit(j, length)
+                if pending:
+                    schedule.before[position] = list(pending)
+                    pending.clear()
+                if reads:
+                    schedule.reads[position] = reads
+            length += 1
+    finally:
+        # emit's closure holds emit itself: without this the cycle would keep every dropped
+        # schedule alive until a garbage collection (the passes pause the collector)
+        emit = None
     return schedule
 
 

@@ -136,18 +136,32 @@ def _soft_banned(problem: SaveProblem) -> list[ForwardOp]:
     return [op for op in problem.ops if op.soft_ban and not op.hard_ban]
 
 
-def _knapsack_plans(networks: SaveNetworks, capacities, solver: str) -> list[SavePlan]:
+def _knapsack_plans(solved: _Solved, capacities, solver: str) -> list[SavePlan]:
     """One plan per capacity: the soft bans a knapsack keeps within that many bytes of their
     outputs (keeping the most recompute cost), as a min cut."""
-    problem = networks.problem
+    problem = solved.networks.problem
     soft = _soft_banned(problem)
     weights = [float(problem.storage_bytes(op.outputs)) for op in soft]
     values = [op.cost for op in soft]
     plans = []
     for capacity in capacities:
         kept = solve_knapsack(values, weights, capacity, solver).kept
-        plans.append(networks.plan({soft[i].index for i in kept}))
+        plans.append(solved.plan({soft[i].index for i in kept}))
     return plans
+
+
+class _Solved:
+    """The plans one search has solved, by (kept bans, price): a search asks for some twice (a
+    knapsack keeps a set a chain already reached); they are freed with the search."""
+
+    def __init__(self, networks: SaveNetworks) -> None:
+        self.networks, self.plans = networks, {}
+
+    def plan(self, kept_bans, price: float = 0.0) -> SavePlan:
+        key = (frozenset(kept_bans), price)
+        if key not in self.plans:
+            self.plans[key] = self.networks.plan(kept_bans, price)
+        return self.plans[key]
 
 
 class SaveNetworks:
@@ -160,7 +174,7 @@ class SaveNetworks:
     A kept ban gives its op's outputs their saved bytes and an edge from the source. ``price`` > 0
     also charges ``price * op cost`` for every op left on the recompute side (an edge source -> the
     in-node of its first output; its other outputs are tied to that node, so a multi-output op is
-    charged once and recomputed whole). Plans are remembered: gap filling asks for some twice.
+    charged once and recomputed whole).
     """
 
     def __init__(self, problem: SaveProblem) -> None:
@@ -239,7 +253,6 @@ class SaveNetworks:
         self.tie_edges, self.tie_ops = np.array(tie_edges, dtype=np.int64), np.array(tie_ops, dtype=np.int64)
         self.base_capacities = np.array(caps, dtype=float)
         self.solver = CutSolver(len(labels), edges, self.source, self.sink)
-        self._plans: dict[tuple, SavePlan] = {}
 
     def capacities(self, kept_bans, price: float = 0.0) -> np.ndarray:
         """Every edge's capacity with ``kept_bans`` in force and ``price`` charged."""
@@ -266,11 +279,7 @@ class SaveNetworks:
         return SaveNetwork(network, self.labels, self.value_edge)
 
     def plan(self, kept_bans, price: float = 0.0) -> SavePlan:
-        key = (frozenset(kept_bans), price)
-        if key not in self._plans:
-            cut = self.solver.cut(self.capacities(kept_bans, price))
-            self._plans[key] = self.plan_from_cut(cut, kept_bans, price)
-        return self._plans[key]
+        return self.plan_from_cut(self.solver.cut(self.capacities(kept_bans, price)), kept_bans, price)
 
     def plan_from_cut(self, cut: CutResult, kept_bans, price: float = 0.0) -> SavePlan:
         problem = self.problem
@@ -327,15 +336,16 @@ def build_frontier(problem: SaveProblem, solver: str = "dp", steps: int = FRONTI
     start = time.perf_counter()
     soft = _soft_banned(problem)
     networks = SaveNetworks(problem)
-    fastest = networks.plan({op.index for op in soft})
-    smallest = networks.plan(set())
+    solved = _Solved(networks)
+    fastest = solved.plan({op.index for op in soft})
+    smallest = solved.plan(set())
     plans = {fastest.key: fastest, smallest.key: smallest}
     if soft and fastest.saved_bytes > smallest.saved_bytes:
         total = sum(problem.storage_bytes(op.outputs) for op in soft)
-        for plan in _knapsack_plans(networks, (total * k / steps for k in range(1, steps)), solver):
+        for plan in _knapsack_plans(solved, (total * k / steps for k in range(1, steps)), solver):
             plans.setdefault(plan.key, plan)
         for price in recompute_prices(problem):
-            plan = networks.plan(set(), price)
+            plan = solved.plan(set(), price)
             plans.setdefault(plan.key, plan)
     # The fastest plan (budget 1.0, one min cut) anchors the top of the frontier: a plan that saves
     # more, or recomputes less, would make a smaller budget save more or recompute less than 1.0.
@@ -391,24 +401,25 @@ def _fill(networks: SaveNetworks, upper: SavePlan, floor_bytes: int, solver: str
     def cheapest_per_byte_first(index):
         return (ops[index].cost / size(index) if size(index) else math.inf, index)
 
+    solved = _Solved(networks)
     found = {}
     # one ban dropped: the smallest outputs first, they land just below the upper plan
     for index in sorted(sorted(upper.kept_bans, key=smallest_first)[:GAP_STEPS]):
-        plan = networks.plan(upper.kept_bans - {index}, upper.price)
+        plan = solved.plan(upper.kept_bans - {index}, upper.price)
         found.setdefault(plan.key, plan)
     for order in (smallest_first, cheapest_per_byte_first):  # bans dropped one after another
         ordered = sorted(upper.kept_bans, key=order)
         kept = set(upper.kept_bans) - set(ordered[:1])  # the first drop alone is above
         for index in ordered[1:]:
             kept.discard(index)
-            plan = networks.plan(kept, upper.price)
+            plan = solved.plan(kept, upper.price)
             if plan.saved_bytes <= floor_bytes:
                 break
             found.setdefault(plan.key, plan)
     # knapsacks whose capacity steps through the gap (bans may also be swapped, not only dropped)
     top = sum(size(index) for index in upper.kept_bans)
     steps = (top - k * (upper.saved_bytes - floor_bytes) / (GAP_STEPS + 1) for k in range(1, GAP_STEPS + 1))
-    for plan in _knapsack_plans(networks, (c for c in steps if c >= 0), solver):
+    for plan in _knapsack_plans(solved, (c for c in steps if c >= 0), solver):
         found.setdefault(plan.key, plan)
     return list(found.values())
 

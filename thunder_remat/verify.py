@@ -46,20 +46,20 @@ def _names(tree) -> list[str]:
     return [p.name for p in flat if isinstance(p, Proxy)]
 
 
+def _count_unsafe(bsym, counts: Counter) -> None:
+    if bsym.sym.is_fusion:
+        for sub in bsym.subsymbols:
+            _count_unsafe(sub, counts)
+        return
+    tags = tag_names(bsym)
+    if ("RANDOM_OP" in tags and bsym.sym.name not in _REPLAYABLE) or tags & set(STRUCTURAL_HARD_BANS):
+        counts[bsym.sym.name] += 1
+
+
 def _unsafe_counts(trace) -> Counter:
     counts: Counter = Counter()
-
-    def visit(bsym) -> None:
-        if bsym.sym.is_fusion:
-            for sub in bsym.subsymbols:
-                visit(sub)
-            return
-        tags = tag_names(bsym)
-        if ("RANDOM_OP" in tags and bsym.sym.name not in _REPLAYABLE) or tags & set(STRUCTURAL_HARD_BANS):
-            counts[bsym.sym.name] += 1
-
     for bsym in trace.bound_symbols:
-        visit(bsym)
+        _count_unsafe(bsym, counts)
     return counts
 
 

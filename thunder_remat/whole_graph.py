@@ -15,7 +15,8 @@ from dataclasses import dataclass, field
 from thunder_remat.joint_analysis import build_save_problem, forward_storages
 from thunder_remat.peak_estimate import estimate_schedule_peak
 from thunder_remat.recompute_rewrite import build, prefetch_regathers, schedule_copies
-from thunder_remat.save_plan import BudgetChoice, Frontier, build_frontier, choose_fastest, choose_plan, is_fastest_budget
+from thunder_remat.save_plan import (BudgetChoice, Frontier, build_frontier, choose_fastest, choose_plan, is_fastest_budget,
+                                     target_bytes)
 from thunder_remat.save_problem import SaveProblem, with_measured_costs
 from thunder_remat.verify import verify
 
@@ -165,6 +166,8 @@ def backward_checkpoints(problem: SaveProblem, choice: BudgetChoice, fractions) 
     covered = set(choice.plan.saved)
     levels = []
     for fraction in sorted(fractions):
+        if target_bytes(choice.frontier, ("fraction", float(fraction))) <= choice.plan.saved_bytes:
+            continue  # every plan that budget may choose saves no more than the chosen one
         anchor = choose_plan(choice.frontier, ("fraction", float(fraction))).plan
         if anchor.saved_bytes <= choice.plan.saved_bytes:
             continue
