@@ -289,11 +289,11 @@ class SaveNetworks:
                    "(Thunder alone hands the backward the overwritten data: check the gradients)") if stale else ""
             raise ValueError("no finite cut: a value the backward reads can neither be saved nor recomputed" + why)
         values = len(self.names)
-        available, kept_alive = cut.source_mask[0:2 * values:2], cut.source_mask[1:2 * values:2]
+        in_available, out_available = cut.source_mask[0:2 * values:2], cut.source_mask[1:2 * values:2]
         # Saved: a value whose in-node is available (source side) while its out-node is not.
-        saved = [self.names[i] for i in np.flatnonzero(available & ~kept_alive).tolist()]
+        saved = [self.names[i] for i in np.flatnonzero(in_available & ~out_available).tolist()]
         made_again = np.zeros(len(self.op_indices), dtype=bool)
-        made_again[self.value_op[~available & (self.value_op >= 0)]] = True
+        made_again[self.value_op[~in_available & (self.value_op >= 0)]] = True
         # the ints of the problem's own op indices: the plans kept share them (hundreds, at depth)
         recomputed = [self.op_indices[k] for k in np.flatnonzero(made_again).tolist()]
         return SavePlan(
