@@ -167,7 +167,9 @@ def backward_checkpoints(problem: SaveProblem, choice: BudgetChoice, fractions) 
     levels = []
     for fraction in sorted(fractions):
         if target_bytes(choice.frontier, ("fraction", float(fraction))) <= choice.plan.saved_bytes:
-            continue  # every plan that budget may choose saves no more than the chosen one
+            # every plan that budget may choose saves no more than the chosen one (a fraction's
+            # target is never below the smallest plan, so it always has a plan that fits)
+            continue
         anchor = choose_plan(choice.frontier, ("fraction", float(fraction))).plan
         if anchor.saved_bytes <= choice.plan.saved_bytes:
             continue

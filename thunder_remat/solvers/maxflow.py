@@ -46,8 +46,6 @@ class FlowNetwork:
     sink: int
 
     def __post_init__(self) -> None:
-        if len(self.edges) != len(self.capacities):
-            raise ValueError("FlowNetwork needs one capacity per edge")
         _check_edges(self.num_nodes, self.edges, self.source, self.sink)
         _check_capacities(len(self.edges), np.asarray(self.capacities, dtype=float))
 
