@@ -273,9 +273,8 @@ class SaveNetworks:
         shared edges and the other edges this cut gives a capacity."""
         caps = self.capacities(kept_bans, price)
         used = np.flatnonzero((np.arange(len(caps)) < self.shared_edges) | (caps > 0)).tolist()
-        full = self.solver.network(caps)
-        network = FlowNetwork(full.num_nodes, tuple(full.edges[e] for e in used), tuple(full.capacities[e] for e in used),
-                              self.source, self.sink)
+        network = FlowNetwork(len(self.labels), tuple(self.solver.edges[e] for e in used),
+                              tuple(caps[used].tolist()), self.source, self.sink)
         return SaveNetwork(network, self.labels, self.value_edge)
 
     def plan(self, kept_bans, price: float = 0.0) -> SavePlan:

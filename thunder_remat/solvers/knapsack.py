@@ -18,6 +18,8 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import numpy as np
+
 __all__ = ["KNAPSACK_SOLVERS", "KnapsackResult", "solve_knapsack", "DP_GRID"]
 
 KNAPSACK_SOLVERS = ("greedy", "dp", "ilp")
@@ -78,8 +80,6 @@ def _dynamic_programming(values, weights, capacity) -> list[int]:
     step = max(capacity / DP_GRID, 1.0) if capacity > DP_GRID else 1.0
     cap = int(math.floor(capacity / step + 1e-9))
     units = [int(math.ceil(weights[i] / step - 1e-9)) for i in items]
-    import numpy as np
-
     best, scratch = np.zeros(cap + 1), np.empty(cap + 1)
     took = np.zeros((len(items), cap + 1), dtype=bool)
     for k, i in enumerate(items):
@@ -98,7 +98,6 @@ def _dynamic_programming(values, weights, capacity) -> list[int]:
 
 def _ilp(values, weights, capacity) -> list[int]:
     try:
-        import numpy as np
         from scipy.optimize import Bounds, LinearConstraint, milp
     except ImportError as exc:
         raise ImportError(

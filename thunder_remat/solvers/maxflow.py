@@ -81,7 +81,7 @@ class CutSolver:
     def __init__(self, num_nodes: int, edges, source: int, sink: int) -> None:
         edges = tuple(edges)
         _check_edges(num_nodes, edges, source, sink)
-        self.num_nodes, self.source, self.sink = num_nodes, source, sink
+        self.num_nodes, self.edges, self.source, self.sink = num_nodes, edges, source, sink
         pairs = np.asarray(edges, dtype=np.int64).reshape(len(edges), 2)
         self.tails, self.heads = pairs[:, 0], pairs[:, 1]
         self.graph = igraph.Graph(n=num_nodes, edges=list(edges), directed=True)
@@ -96,8 +96,7 @@ class CutSolver:
 
     def network(self, capacities) -> FlowNetwork:
         """The plain record of this network with ``capacities`` (for drawings and checks)."""
-        edges = tuple(zip(self.tails.tolist(), self.heads.tolist()))
-        return FlowNetwork(self.num_nodes, edges, tuple(float(c) for c in capacities), self.source, self.sink)
+        return FlowNetwork(self.num_nodes, self.edges, tuple(float(c) for c in capacities), self.source, self.sink)
 
     def cut(self, capacities) -> CutResult:
         caps = np.array(capacities, dtype=float)
