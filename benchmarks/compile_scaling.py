@@ -117,11 +117,11 @@ def bench(layers_list, budgets, executor_name):
             seconds, jitted, memory = first_call(layers, executor, remat=True, remat_memory_budget=budget)
             plan = thunder_remat.last_save_plan(jitted)
             rows.append(dict(layers=layers, budget=budget, alone=alone, alone_fast=alone_fast, ours=seconds,
-                             analysis=plan.analysis_ms,
-                             solve=plan.solve_ms, rewrite=plan.rewrite_ms, estimate=plan.estimate_ms,
-                             total=plan.total_ms, copies=plan.copies, recomputed=len(plan.choice.plan.recomputed),
+                             analysis=plan.timings.analysis_ms,
+                             solve=plan.timings.solve_ms, rewrite=plan.timings.rewrite_ms, estimate=plan.timings.estimate_ms,
+                             total=plan.timings.total_ms, copies=plan.copies, recomputed=len(plan.choice.plan.recomputed),
                              memory=memory, anchors=plan.checkpoint_anchors))
-            log.info("  budget %s: %.1f s, pass %.0f ms, %d copies", budget, seconds, plan.total_ms, plan.copies)
+            log.info("  budget %s: %.1f s, pass %.0f ms, %d copies", budget, seconds, plan.timings.total_ms, plan.copies)
     return rows
 
 

@@ -58,7 +58,7 @@ def measure(model, fn, x, device, *, tensor_peak, ref=None):
     """Saved bytes, step peak(s), step time and gradient check for ``fn`` (already built)."""
     import torch
 
-    from thunder_remat.measure import saved_for_backward, step_peak_memory
+    from thunder_remat.inspect.measure import saved_for_backward, step_peak_memory
 
     def step():
         _loss(fn(x)).backward()

@@ -8,7 +8,7 @@ For each model and each budget b:
   thunder_remat's CPU flash-attention executor on CPU; ``--attention decomposed`` leaves it out);
 * and once, Thunder 0.2.6 without thunder_remat.
 
-Each runs one forward under ``thunder_remat.measure.saved_for_backward`` (saved_tensors_hooks); the
+Each runs one forward under ``thunder_remat.inspect.measure.saved_for_backward`` (saved_tensors_hooks); the
 table reports *activation* bytes: saved tensors that do not share storage with the input batch
 or the model's parameters and buffers (those are held anyway). Gradients of a
 ``out.float().pow(2).mean()`` loss are compared with eager PyTorch (allclose, atol 1e-5, rtol 1e-4).
@@ -82,9 +82,9 @@ def bench(name, size, executor, budgets, device="cpu", attention="fused"):
 
     import thunder_remat
     from thunder_remat.executors import attention_executor_for, fusion_executor_by_name
-    from thunder_remat.measure import saved_for_backward
+    from thunder_remat.inspect.measure import saved_for_backward
     from thunder_remat.models import build_model, example_batch
-    from thunder_remat.save_plan import choose_plan
+    from thunder_remat.whole_graph.planner import choose_plan
 
     from torch_partition import capture_partitions, is_matmul_like
 

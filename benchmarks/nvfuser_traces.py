@@ -93,7 +93,7 @@ def main(argv=None) -> int:
         c = {k: bytes_crossing(b.forward, b.backward) for k, b in builds.items()}
         ours = builds["ours"]
         result = thunder_remat.last_pair_pass(ours.jitted)
-        rewritten = sum(p.status == "rewritten" for p in result.pairs)
+        rewritten = sum(p.status.value == "rewritten" for p in result.pairs)
         n_fw, n_bw = (len(nvt.regions(t)) for t in (ours.forward, ours.backward))
         t, o = c["thunder"], c["ours"]
         ok = f"{'yes' if o.total <= t.total else '**no**'} / {'yes' if o.saved <= t.saved else '**no**'}"

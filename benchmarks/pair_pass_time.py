@@ -3,7 +3,7 @@
 For each model:
 
 1. ``thunder.jit(model, executors=[ex])`` (without ``remat=True``) runs one forward under
-   ``thunder_remat.measure.saved_for_backward``. While it compiles, a temporary spy installed as
+   ``thunder_remat.inspect.measure.saved_for_backward``. While it compiles, a temporary spy installed as
    ``thunder.executors.torch_compile.rematerialize`` (the name the torch.compile fusion pass calls
    at its end, which the eager executor inherits) records the fused joint forward+backward trace
    handed to it and delegates to the function it replaced, so Thunder's own pass still runs.
@@ -203,7 +203,7 @@ def _fusion_stage(ex, unfused_trace, *, ours: bool):
     import thunder_remat.plugin
     from thunder_remat import RematConfig
     from thunder_remat.executors.builtin_pass import activated
-    from thunder_remat.fusion_pairs import rematerialize_fusion_pairs
+    from thunder_remat.pairs.run import rematerialize_fusion_pairs
 
     if not ours:
         fused = ex.fusion_pass(unfused_trace)
@@ -229,8 +229,8 @@ def bench_model(name: str, size: str, executor: str, repeat: int) -> Row:
     import thunder_remat.plugin
     from thunder_remat import RematConfig
     from thunder_remat.executors.builtin_pass import activated
-    from thunder_remat.fusion_pairs import rematerialize_fusion_pairs
-    from thunder_remat.measure import saved_for_backward
+    from thunder_remat.pairs.run import rematerialize_fusion_pairs
+    from thunder_remat.inspect.measure import saved_for_backward
     from thunder_remat.models import build_model, example_batch
 
     ex = fusion_executor(executor)
@@ -289,14 +289,14 @@ def bench_model(name: str, size: str, executor: str, repeat: int) -> Row:
         total_ms, result = _median_ms(ours, repeat)
     for w in {str(w.message) for w in caught}:
         log.warning("  pair pass warned: %s", w)
-    solve_ms = statistics.median(r.solve_ms for r in results)
+    solve_ms = statistics.median(r.timings.analysis_ms + r.timings.solve_ms + r.timings.rewrite_ms for r in results)
 
     log.info("  timing the whole fusion stage with region builds, Thunder's and ours, x%d", repeat)
     stage_thunder_ms, _ = _median_ms(lambda: _fusion_stage(ex, unfused_trace, ours=False), repeat)
     stage_ours_ms, _ = _median_ms(lambda: _fusion_stage(ex, unfused_trace, ours=True), repeat)
     log.info(
         "  Thunder %.1f ms, ours solve %.1f ms / total %.1f ms (re-emit %.1f ms); crossing bytes %d -> %d",
-        thunder_ms, solve_ms, total_ms, statistics.median(r.reemit_ms for r in results),
+        thunder_ms, solve_ms, total_ms, statistics.median(r.timings.reemit_ms for r in results),
         result.bytes_before, result.bytes_after,
     )
 
@@ -316,8 +316,8 @@ def bench_model(name: str, size: str, executor: str, repeat: int) -> Row:
         executor=executor,
         pairs_thunder=pairs_thunder,
         pairs_ours=len(result.pairs),
-        rewritten=sum(p.status == "rewritten" for p in result.pairs),
-        failed=sum(p.status.startswith("failed") for p in result.pairs),
+        rewritten=sum(p.status.value == "rewritten" for p in result.pairs),
+        failed=sum(p.status.value == "failed" for p in result.pairs),
         thunder_ms=thunder_ms,
         stage_thunder_ms=stage_thunder_ms,
         stage_ours_ms=stage_ours_ms,
@@ -327,7 +327,7 @@ def bench_model(name: str, size: str, executor: str, repeat: int) -> Row:
         saved_ours=saved_ours.nbytes,
         grads_thunder=grads_thunder,
         grads_ours=grads_ours,
-        abandoned=result.abandoned,
+        abandoned=result.failure,
     )
 
 

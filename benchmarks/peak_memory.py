@@ -2,7 +2,7 @@
 
 For each budget, ``thunder.jit(model, executors=..., remat=True, remat_memory_budget=b)`` is
 compiled and warmed up, then one forward+backward step runs under
-``thunder_remat.measure.step_peak_memory``: every tensor an op returns is followed until it is
+``thunder_remat.inspect.measure.step_peak_memory``: every tensor an op returns is followed until it is
 freed, and the most bytes alive at once is the step's peak (parameters, their gradients and the
 batch are held before and after the step and are not counted). This works on CPU, where there is
 no ``max_memory_allocated``. Also reported: activation bytes saved for backward
@@ -48,7 +48,7 @@ def main(argv=None) -> int:
 
     import thunder_remat
     from thunder_remat.executors import attention_executor_for, fusion_executor_by_name
-    from thunder_remat.measure import saved_for_backward, step_peak_memory
+    from thunder_remat.inspect.measure import saved_for_backward, step_peak_memory
     from thunder_remat.models import build_model, example_batch
 
     executors = [] if args.executor == "none" else [fusion_executor_by_name(args.executor)]

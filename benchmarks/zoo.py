@@ -9,7 +9,7 @@ For every zoo model (``thunder_remat.zoo``, random weights, nothing downloaded) 
 * torch.compile (Inductor) with ``torch._functorch.config.activation_memory_budget`` at 1.0, 0.5
   and 0.0 (once per model; it does not depend on Thunder's executor).
 
-Each run is one forward under ``thunder_remat.measure.saved_for_backward`` (activation storages:
+Each run is one forward under ``thunder_remat.inspect.measure.saved_for_backward`` (activation storages:
 parameters, buffers and inputs left out) and one backward of ``output.float().pow(2).mean()``;
 gradients are compared with eager PyTorch (atol 1e-5, rtol 1e-4). The table gives, per model and
 executor: Thunder's bytes, thunder_remat's measured and planned bytes per budget, whether they
@@ -61,7 +61,7 @@ def torch_compile_bytes(entry, size, budget, ref) -> tuple[int, bool]:
     import torch
     import torch._functorch.config as functorch_config
 
-    from thunder_remat.measure import saved_for_backward
+    from thunder_remat.inspect.measure import saved_for_backward
     from thunder_remat.zoo import same_gradients
 
     torch._dynamo.reset()
@@ -95,7 +95,7 @@ def bench(entry, size, executor_name, torch_bytes) -> dict:
         run = run_zoo_model(entry, executors, size, remat=True, remat_memory_budget=budget)
         plan = thunder_remat.last_save_plan(run.jitted)
         row["runs"][budget] = dict(measured=run.saved.activation_bytes, planned=plan.choice.plan.saved_bytes,
-                                   ok=same_gradients(ref, run.grads), failed=plan.failed)
+                                   ok=same_gradients(ref, run.grads), failed=plan.failure)
         if budget == 1.0:
             row["static_thunder"] = thunder_alone_saved_bytes(run.jitted)
             frontier = plan.frontier()

@@ -26,7 +26,7 @@ from thunder.extend import FusionExecutor
 
 from thunder_remat.executors.builtin_pass import activated, deferring_builds
 from thunder_remat.executors.thunder_speedups import enable_for_compilation
-from thunder_remat.joint_analysis import is_joint_trace
+from thunder_remat.trace_facts import is_joint_trace
 
 __all__ = ["install", "record_provenance", "fuse_as_thunder_alone"]
 

@@ -21,6 +21,28 @@ from helpers import networkx_cut_value  # noqa: E402
 
 torch.set_num_threads(2)
 
+#: every test belongs to exactly one of these tiers (pyproject.toml registers the markers)
+TIERS = ("unit", "jit")
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        tiers = [t for t in TIERS if item.get_closest_marker(t) is not None]
+        if len(tiers) != 1:
+            raise pytest.UsageError(f"{item.nodeid}: mark it with exactly one of {TIERS}, has {tiers}")
+
+
+@pytest.fixture(autouse=True)
+def unit_tests_never_jit(request, monkeypatch):
+    """A unit test that reaches thunder.jit fails: the tier stays fast and honest."""
+    if request.node.get_closest_marker("unit") is not None:
+        import thunder
+
+        def refused(*args, **kwargs):
+            raise AssertionError("a unit test called thunder.jit; mark it jit or build its trace by hand")
+
+        monkeypatch.setattr(thunder, "jit", refused)
+
 
 @pytest.fixture(autouse=True)
 def cut_values_match_networkx(monkeypatch):

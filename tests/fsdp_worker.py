@@ -75,7 +75,7 @@ def run_rank(rank: int, world_size: int, port: int, out_dir: str, modes) -> None
     from thunder.distributed.transforms.fsdp_v2 import FSDPTransform
 
     from thunder_remat.executors import fusion_executor_by_name
-    from thunder_remat.measure import saved_for_backward
+    from thunder_remat.inspect.measure import saved_for_backward
 
     base = build()
     x = torch.randn(4, 8, generator=torch.Generator().manual_seed(1))

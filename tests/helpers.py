@@ -9,7 +9,7 @@ import thunder
 import torch
 
 import thunder_remat
-from thunder_remat.measure import saved_for_backward
+from thunder_remat.inspect.measure import saved_for_backward
 
 
 @dataclass
@@ -113,7 +113,7 @@ def forward_tensors(joint, inputs: dict) -> dict:
     from thunder.core.proxies import TensorProxy
 
     from thunder_remat.executors.eager import _region_callable
-    from thunder_remat.joint_analysis import split_joint
+    from thunder_remat.trace_facts import split_joint
 
     forward, _, names = split_joint(joint)
     proxies = {p.name: p for b in joint.bound_symbols[:-1] for p in b.flat_proxy_outs if p.name in names}

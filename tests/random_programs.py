@@ -18,7 +18,7 @@ from hypothesis import reject
 from hypothesis import strategies as st
 
 import thunder_remat
-from thunder_remat.measure import saved_for_backward
+from thunder_remat.inspect.measure import saved_for_backward
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 TOLERANCE = {torch.float32: (1e-5, 1e-4), torch.bfloat16: (2e-2, 2e-2), torch.float16: (2e-3, 2e-3)}
@@ -139,7 +139,7 @@ def check(program: Program, executor, budget=1.0) -> None:
         else:
             torch.testing.assert_close(g, g0, atol=atol, rtol=rtol)
     plan = thunder_remat.last_save_plan(ours.jitted)
-    assert plan is not None and plan.failed is None, plan and plan.failed
+    assert plan is not None and plan.failure is None, plan and plan.failure
     # the storages the forward really hands to the backward are the bytes the plan promised
     assert ours.saved.activation_bytes == plan.choice.plan.saved_bytes, (ours.saved, plan.choice.plan.saved_bytes)
     if budget == 1.0:

@@ -10,9 +10,11 @@ import torch
 import thunder_remat
 import thunder_remat.executors.op_timing as op_timing
 from thunder_remat.executors.eager import eager_fusion_ex
-from thunder_remat.measure import saved_for_backward
+from thunder_remat.inspect.measure import saved_for_backward
 from thunder_remat.models import build_model, example_batch
-from thunder_remat.save_problem import ForwardOp, ForwardValue, SaveProblem, with_measured_costs
+from thunder_remat.whole_graph.problem import ForwardOp, ForwardValue, SaveProblem, with_measured_costs
+
+pytestmark = pytest.mark.jit
 
 
 def train(budget, **options):

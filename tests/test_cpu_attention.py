@@ -15,6 +15,8 @@ from thunder_remat.executors.eager import eager_fusion_ex
 
 from helpers import run
 
+pytestmark = pytest.mark.jit
+
 WITH_ATTENTION = [cpu_attention_ex, eager_fusion_ex]
 
 

@@ -8,8 +8,10 @@ import thunder
 
 import thunder_remat
 from thunder_remat.executors.eager import eager_fusion_ex, make_eager_executor
-from thunder_remat.measure import saved_for_backward
+from thunder_remat.inspect.measure import saved_for_backward
 from thunder_remat.models import build_model, example_batch
+
+pytestmark = pytest.mark.jit
 
 
 def jit_and_run(name, **options):
@@ -77,7 +79,7 @@ def test_draw_whole_graph_marks_the_cut(tmp_path):
 
 
 def test_draw_shows_the_chosen_plan_even_when_it_was_priced():
-    from thunder_remat.save_plan import SaveNetworks
+    from thunder_remat.whole_graph.planner import SaveNetworks
     from thunder_remat.solvers.maxflow import min_cut
 
     jm, _ = jit_and_run("gpt", remat_memory_budget=0.1)

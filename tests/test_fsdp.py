@@ -12,7 +12,7 @@ import torch.multiprocessing as mp
 
 from fsdp_worker import MODES, run_rank
 
-pytestmark = pytest.mark.skipif(not dist.is_available() or not dist.is_gloo_available(), reason="needs gloo")
+pytestmark = [pytest.mark.jit, pytest.mark.slow, pytest.mark.skipif(not dist.is_available() or not dist.is_gloo_available(), reason="needs gloo")]
 
 WORLD = 2
 

@@ -18,6 +18,8 @@ from helpers import run, saved_names
 from test_fusion_pairs import pointwise_ex, x_w
 from thunder_remat.executors.eager import eager_fusion_ex
 
+pytestmark = pytest.mark.jit
+
 
 def scaled_matmul(x, w):
     h = x @ w
@@ -137,7 +139,7 @@ def test_verify_finds_a_write_run_again_into_a_saved_value():
     bad.bound_symbols = [*joint.bound_symbols[:cos], writes[0], *joint.bound_symbols[cos:]]
     problems = verify(joint, bad)
     assert problems and "after an in-place write" in problems[0], problems
-    assert thunder_remat.last_save_plan(r.jitted).failed is None
+    assert thunder_remat.last_save_plan(r.jitted).failure is None
 
 
 def stale_matmul(x, w):
@@ -153,4 +155,4 @@ def test_a_read_of_an_overwritten_matmul_output_is_reported():
         r = run(stale_matmul, x_w(), executors=[], remat=True)
     import thunder_remat
 
-    assert "in-place write" in thunder_remat.last_save_plan(r.jitted).failed
+    assert "in-place write" in thunder_remat.last_save_plan(r.jitted).failure

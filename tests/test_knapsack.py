@@ -7,6 +7,8 @@ import pytest
 
 from thunder_remat.solvers.knapsack import KNAPSACK_SOLVERS, solve_knapsack
 
+pytestmark = pytest.mark.unit
+
 EXACT = ("dp", "ilp")
 
 

@@ -7,6 +7,8 @@ import pytest
 
 from thunder_remat.__main__ import main
 
+pytestmark = pytest.mark.jit
+
 
 def test_main_job_prints_table_and_writes_outputs(capsys, tmp_path):
     out_dir = tmp_path / "out"

@@ -1,9 +1,13 @@
 """docs/inspect_remat.ipynb runs top to bottom in a real Jupyter kernel (its cells assert)."""
 
+import pytest
+
 from pathlib import Path
 
 import nbformat
 from nbclient import NotebookClient
+
+pytestmark = pytest.mark.jit
 
 NOTEBOOK = Path(__file__).parent.parent / "docs" / "inspect_remat.ipynb"
 

@@ -7,10 +7,10 @@ import torch
 
 from thunder_remat.executors.nvfuser import nvfuser_runs_regions
 
-pytestmark = pytest.mark.skipif(
+pytestmark = [pytest.mark.jit, pytest.mark.skipif(
     not nvfuser_runs_regions(),
     reason="needs a CUDA GPU and an nvFuser wheel with the nvfuser module (Thunder 0.2.6 runs regions through it)",
-)
+)]
 
 
 @pytest.mark.parametrize("name", ["mlp", "gpt", "llama"])
@@ -18,7 +18,7 @@ def test_nvfuser_gradients_and_saved_bytes(name):
     import thunder
 
     from helpers import last_pairs
-    from thunder_remat.measure import saved_for_backward
+    from thunder_remat.inspect.measure import saved_for_backward
     from thunder_remat.models import build_model, example_batch
 
     runs = []

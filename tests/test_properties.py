@@ -10,6 +10,8 @@ from hypothesis import HealthCheck, Phase, given, settings
 from random_programs import check, programs
 from thunder_remat.executors.eager import eager_fusion_ex
 
+pytestmark = pytest.mark.jit
+
 # No shrinking in CI: each example compiles with Thunder (seconds); a failure prints its program.
 CI = settings(max_examples=12, deadline=None, derandomize=True, database=None, phases=[Phase.explicit, Phase.generate],
               suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])

@@ -7,7 +7,9 @@ import random
 
 import pytest
 
-from thunder_remat.save_plan import (
+from thunder_remat.solvers.split_network import Side, Terminal, ValueNode
+
+from thunder_remat.whole_graph.planner import (
     SaveNetworks,
     build_frontier,
     build_save_network,
@@ -16,8 +18,10 @@ from thunder_remat.save_plan import (
     gap_plans,
     plan_with_bans,
 )
-from thunder_remat.save_problem import ForwardOp, ForwardValue, SaveProblem
+from thunder_remat.whole_graph.problem import ForwardOp, ForwardValue, SaveProblem
 from thunder_remat.solvers.maxflow import min_cut
+
+pytestmark = pytest.mark.unit
 
 
 def problem(values, ops, needed) -> SaveProblem:
@@ -122,7 +126,8 @@ def test_forced_recompute_is_never_saved():
 
 def test_network_shape():
     net = build_save_network(mlp_problem(), frozenset({0, 2}))
-    assert net.labels[net.network.source] == "source" and net.labels[net.network.sink] == "sink"
+    assert net.labels[net.network.source] is Terminal.SOURCE and net.labels[net.network.sink] is Terminal.SINK
+    assert all(net.labels[net.network.edges[e][0]] == ValueNode(name, Side.IN) for name, e in net.value_edge.items())
     assert set(net.value_edge) == {"x", "w", "w2", "h", "g", "o"}
     caps = {name: net.network.capacities[e] for name, e in net.value_edge.items()}
     assert caps == {"x": 0.0, "w": 0.0, "w2": 0.0, "h": 128.0, "g": 128.0, "o": 64.0}
@@ -175,7 +180,7 @@ def test_frontier_plans_are_valid_and_budgets_are_monotone(seed, solver):
 def test_priced_plans_find_cheaper_recompute_than_knapsack_plans_alone(monkeypatch):
     """With the priced min cuts switched off (no prices), some byte budgets get plans with more
     recompute; with them, never more, and every priced plan is valid."""
-    import thunder_remat.save_plan as sp
+    import thunder_remat.whole_graph.planner as sp
 
     improved = 0
     for seed in range(30):

@@ -7,9 +7,12 @@ import random
 import pytest
 
 from helpers import networkx_cut_value
-from thunder_remat.flow_graph import Side, Terminal, ValueNode, build_network, solve_pair
-from thunder_remat.pair_problem import PairProblem
+from thunder_remat.pairs.solve import build_network, solve_pair
+from thunder_remat.solvers.split_network import Side, Terminal, ValueNode
+from thunder_remat.pairs.analysis import PairProblem
 from thunder_remat.solvers import CutSolver, FlowNetwork, min_cut
+
+pytestmark = pytest.mark.unit
 
 
 def random_network(rng: random.Random) -> FlowNetwork:
@@ -147,23 +150,28 @@ def test_infinite_cut_changes_nothing():
 
 def test_network_nodes_are_typed():
     net = build_network(chain_problem())
-    assert net.nodes[:2] == (Terminal.SOURCE, Terminal.SINK)
+    assert net.nodes[-2:] == (Terminal.SOURCE, Terminal.SINK)
+    assert net.nodes[net.network.source] is Terminal.SOURCE and net.nodes[net.network.sink] is Terminal.SINK
     assert ValueNode("b", Side.OUT) in net.nodes
     assert net.network.num_nodes == 2 + 2 * 4
 
 
 def test_collectives_stay_in_the_producer():
-    """A fusion pair never moves an all-gather or a wait into the consumer (they have no tags)."""
+    """A fusion pair never moves an all-gather or a wait into the consumer (they have no tags):
+    the tag reader marks them, and the structural bans hold whatever the policies."""
     from types import SimpleNamespace
 
-    from thunder_remat.pair_problem import TagCache, _keep_in_producer_reason
+    from thunder_remat.policies import STRUCTURAL_HARD_BANS
+    from thunder_remat.pairs.analysis import _keep_in_producer_reason
+    from thunder_remat.trace_facts import TagReader
 
     def bsym(name):
-        return SimpleNamespace(sym=SimpleNamespace(name=name, tags=None), tags=set(), subsymbols=())
+        return SimpleNamespace(sym=SimpleNamespace(name=name, tags=None, id=name), tags=set(), subsymbols=(),
+                               flat_proxy_outs=(), flat_proxy_args=())
 
     for name in ("torch_all_gather_prim_impl", "torch_wait_prim_impl", "wait", "all_reduce"):
-        assert _keep_in_producer_reason(bsym(name), TagCache()) == "collective"
-    assert _keep_in_producer_reason(bsym("add"), TagCache()) is None
+        assert _keep_in_producer_reason(bsym(name), TagReader(), ()) == STRUCTURAL_HARD_BANS["COLLECTIVE"]
+    assert _keep_in_producer_reason(bsym("add"), TagReader(), ()) is None
 
 
 @pytest.mark.parametrize("seed", range(10))

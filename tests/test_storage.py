@@ -5,10 +5,12 @@ import thunder
 import torch
 
 import thunder_remat
-from thunder_remat.joint_analysis import forward_storages
+from thunder_remat.trace_facts import forward_storages
 from thunder_remat.models import build_model, example_batch
 
 from helpers import forward_tensors, joint_trace
+
+pytestmark = pytest.mark.jit
 
 
 def disagreements(joint, inputs):
@@ -89,7 +91,7 @@ def test_the_split_model_saves_what_thunders_split_saves(case):
     from thunder.core.transform_common import dce
     from thunder.transforms.autodiff import split_into_forward_and_backward
 
-    from thunder_remat.joint_analysis import thunder_split
+    from thunder_remat.trace_facts import thunder_split
 
     from thunder.core.compile_data import compile_data_and_stats
 

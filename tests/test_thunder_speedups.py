@@ -13,6 +13,8 @@ from thunder_remat.executors.eager import eager_fusion_ex
 from thunder_remat.models import BUILDERS, ModelSpec
 from thunder_remat.plugin import last_joint_trace
 
+pytestmark = pytest.mark.jit
+
 thunders_prune = transform_common._remove_noop_subsymbols.__wrapped__  # installed with thunder_remat
 
 

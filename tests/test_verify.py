@@ -11,11 +11,13 @@ from thunder_remat.models import build_model, example_batch
 
 from helpers import joint_trace
 
+pytestmark = pytest.mark.jit
+
 
 def joint_traces(name="gpt", dropout=0.1, budget=0.0):
     """(Thunder's joint trace, thunder_remat's rewrite of it, the plan) for a tiny model."""
     seen = []
-    import thunder_remat.whole_graph as wg
+    import thunder_remat.whole_graph.run as wg
 
     original = wg.build
 
@@ -95,7 +97,7 @@ def test_changed_outputs_and_unsaved_reads_are_caught():
 
 
 def test_a_rewrite_failing_verification_is_undone(monkeypatch):
-    import thunder_remat.whole_graph as wg
+    import thunder_remat.whole_graph.run as wg
 
     original = wg.build
 
@@ -124,7 +126,7 @@ def test_a_rewrite_failing_verification_is_undone(monkeypatch):
     assert torch.equal(out, out0)
     for p, g0 in zip(model.parameters(), grads0):
         torch.testing.assert_close(p.grad, g0, atol=1e-5, rtol=1e-4)
-    assert thunder_remat.last_save_plan(jm).failed.startswith("VerificationError")
+    assert thunder_remat.last_save_plan(jm).failure.startswith("VerificationError")
 
 
 def test_a_pair_rewrite_failing_verification_is_undone(monkeypatch):
@@ -135,7 +137,7 @@ def test_a_pair_rewrite_failing_verification_is_undone(monkeypatch):
     jm = thunder.jit(model, executors=[eager_fusion_ex], remat=True, remat_whole_graph=False)
     with pytest.warns(UserWarning, match="fusion-pair rewrite failed verification.*injected problem"):
         jm(example_batch(model)).sum().backward()
-    assert thunder_remat.last_pair_pass(jm).abandoned.startswith("verification failed")
+    assert thunder_remat.last_pair_pass(jm).failure.startswith("verification failed")
 
 
 def test_verify_rejects_what_is_not_a_trace():

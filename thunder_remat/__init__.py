@@ -10,9 +10,9 @@ import logging
 from thunder_remat.config import RematConfig
 from thunder_remat.plugin import Remat, RematFusionExecutor, RematTransform, last_pair_pass, last_save_plan
 from thunder_remat.executors.thunderfx import thunderfx_subgraphs
-from thunder_remat.draw import draw
-from thunder_remat.report import explain
-from thunder_remat.tradeoff import plot_tradeoff, sweep_budgets
+from thunder_remat.inspect.draw import draw
+from thunder_remat.inspect.report import explain
+from thunder_remat.inspect.tradeoff import plot_tradeoff, sweep_budgets
 from thunder_remat.verify import VerificationError, verify
 from thunder_remat.policies import (
     DEFAULT_POLICIES,

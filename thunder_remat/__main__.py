@@ -70,7 +70,7 @@ def measure(args, executors, **options) -> dict:
     import torch
 
     import thunder_remat
-    from thunder_remat.measure import saved_for_backward
+    from thunder_remat.inspect.measure import saved_for_backward
     from thunder_remat.models import build_model, example_batch
 
     model = build_model(args.model, args.size, dropout=args.dropout or None).to(args.device)
@@ -117,7 +117,7 @@ def write_outputs(folder, jm, report) -> list[str]:
         put("cut.dot", thunder_remat.draw(jm))
         chosen = thunder_remat.last_save_plan(jm).choice.plan
         unit = thunder_remat.last_save_plan(jm).problem.cost_unit
-        mark = thunder_remat.tradeoff.SweepPoint("chosen", None, chosen.saved_bytes, chosen.recompute_cost, True, unit)
+        mark = thunder_remat.inspect.tradeoff.SweepPoint("chosen", None, chosen.saved_bytes, chosen.recompute_cost, True, unit)
         try:
             thunder_remat.plot_tradeoff(points, out / "tradeoff.png", chosen=mark,
                                         thunder_bytes=thunder_remat.plugin.thunder_alone_saved_bytes(jm))
@@ -135,7 +135,7 @@ def main(argv=None) -> int:
     import torch
 
     import thunder_remat
-    import thunder_remat.tradeoff
+    import thunder_remat.inspect.tradeoff
 
     from thunder_remat.executors import attention_executor_for, fusion_executor_by_name
 
@@ -164,11 +164,11 @@ def main(argv=None) -> int:
             ("whole-graph: planned activation bytes", "-", f"{plan.choice.plan.saved_bytes:,}"),
             ("whole-graph: forward ops recomputed in backward", "-", len(plan.choice.plan.recomputed)),
             (f"whole-graph: est. recompute ({plan.problem.cost_unit})", "-", f"{plan.choice.plan.recompute_cost:.3g}"),
-            ("whole-graph pass time (ms)", "-", f"{plan.total_ms:.1f}"),
+            ("whole-graph pass time (ms)", "-", f"{plan.timings.total_ms:.1f}"),
         ]
     if pairs is not None:
         rows += [
-            ("fusion pairs visited / rewritten", "-", f"{len(pairs.pairs)} / {sum(p.status == 'rewritten' for p in pairs.pairs)}"),
+            ("fusion pairs visited / rewritten", "-", f"{len(pairs.pairs)} / {sum(p.status.value == 'rewritten' for p in pairs.pairs)}"),
             ("bytes crossing fusion pairs (before -> after)", "-", f"{pairs.bytes_before} -> {pairs.bytes_after}"),
             ("pair pass time (ms)", "-", f"{pairs.solve_ms:.1f} (+{pairs.reemit_ms:.1f} re-emit)"),
         ]

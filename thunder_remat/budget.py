@@ -9,10 +9,37 @@ The ints 0 and 1 are refused as ambiguous (write 0.0 / 1.0 for fractions, "0B" /
 
 from __future__ import annotations
 
+import enum
 import math
 import re
+from typing import NamedTuple
 
-__all__ = ["parse_budget", "BUDGET_HELP"]
+__all__ = ["BudgetKind", "Budget", "parse_budget", "BUDGET_HELP"]
+
+
+class BudgetKind(str, enum.Enum):
+    """What a budget's amount counts (a ``str`` enum: ``("fraction", 0.5)`` reads the same)."""
+
+    #: of the way from the smallest plan (0.0) to the fastest (1.0)
+    FRACTION = "fraction"
+    #: bytes of saved activations
+    BYTES = "bytes"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+class Budget(NamedTuple):
+    kind: BudgetKind
+    amount: float
+
+    @classmethod
+    def fraction(cls, amount: float) -> Budget:
+        return cls(BudgetKind.FRACTION, float(amount))
+
+    @classmethod
+    def bytes(cls, amount: float) -> Budget:
+        return cls(BudgetKind.BYTES, float(amount))
 
 BUDGET_HELP = (
     "a fraction in [0, 1] (e.g. 0.5 or '50%'), a number of bytes as an int >= 2, "
@@ -33,8 +60,8 @@ def _bad(value, why: str = "") -> ValueError:
     return ValueError(f"thunder_remat option 'remat_memory_budget' must be {BUDGET_HELP}; got {value!r}{extra}")
 
 
-def parse_budget(value) -> tuple[str, float] | None:
-    """``None`` (no budget), ``("fraction", f)`` or ``("bytes", n)``; a ValueError for anything else."""
+def parse_budget(value) -> Budget | None:
+    """``None`` (no budget), ``Budget.fraction(f)`` or ``Budget.bytes(n)``; a ValueError for anything else."""
     if value is None:
         return None
     if isinstance(value, bool):
@@ -42,23 +69,23 @@ def parse_budget(value) -> tuple[str, float] | None:
     if isinstance(value, float):
         if not math.isfinite(value) or not 0.0 <= value <= 1.0:
             raise _bad(value, "a float is a fraction and must lie in [0, 1]")
-        return ("fraction", value)
+        return Budget.fraction(value)
     if isinstance(value, int):
         if value in (0, 1):
             raise _bad(value, "ambiguous: write 0.0/1.0 for a fraction or '0B'/'1B' for bytes")
         if value < 0:
             raise _bad(value, "bytes cannot be negative")
-        return ("bytes", float(value))
+        return Budget.bytes(value)
     if isinstance(value, str):
         m = _PERCENT.match(value)
         if m:
             f = float(m.group(1)) / 100.0
             if not 0.0 <= f <= 1.0:
                 raise _bad(value, "a percentage must lie in [0%, 100%]")
-            return ("fraction", f)
+            return Budget.fraction(f)
         m = _SIZE.match(value)
         if m and m.group(2).upper() in _UNITS:
-            return ("bytes", float(math.floor(float(m.group(1)) * _UNITS[m.group(2).upper()])))
+            return Budget.bytes(math.floor(float(m.group(1)) * _UNITS[m.group(2).upper()]))
         if value.strip().isdigit():
             return parse_budget(int(value.strip()))
         raise _bad(value)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, fields, replace
 from typing import Any
 
-from thunder_remat.budget import parse_budget
+from thunder_remat.budget import Budget, parse_budget
 from thunder_remat.policies import DEFAULT_POLICIES, check_policies
 from thunder_remat.solvers.knapsack import KNAPSACK_SOLVERS
 
@@ -90,8 +90,8 @@ class RematConfig:
 
 
     @property
-    def budget(self) -> tuple | None:
-        """The parsed memory budget: ("fraction", f) or ("bytes", n)."""
+    def budget(self) -> Budget | None:
+        """The parsed memory budget (None: no budget, the fastest plan)."""
         return parse_budget(self.memory_budget)
 
 

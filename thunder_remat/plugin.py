@@ -26,10 +26,12 @@ from thunder.extend import FusionExecutor
 
 from thunder_remat.config import COMPILE_OPTIONS, RematConfig, config_from_options
 from thunder_remat.executors import adapter_for
+from thunder_remat.executors.compile_stash import stash, stash_for, stashed
 from thunder_remat.executors.pipeline import record_provenance
-from thunder_remat.fusion_pairs import PairPassResult, rematerialize_fusion_pairs
+from thunder_remat.pairs.run import PairPassResult, rematerialize_fusion_pairs
+from thunder_remat.records import PassStatus
 from thunder_remat.verify import verify
-from thunder_remat.whole_graph import SavePassResult, plan_saved_values
+from thunder_remat.whole_graph.run import SavePassResult, plan_saved_values
 
 __all__ = ["RematFusionExecutor", "RematTransform", "Remat", "resolve_config", "last_pair_pass", "last_save_plan",
            "last_joint_trace", "thunder_alone_saved_bytes"]
@@ -75,12 +77,9 @@ class RematFusionExecutor(FusionExecutor):
             warnings.warn(
                 "thunder_remat: the fusion-pair rewrite failed verification and is undone: " + "; ".join(problems)
             )
-            result.abandoned = "verification failed: " + "; ".join(problems)
-            result.trace = trace
+            result.fail(trace, "verification failed: " + "; ".join(problems))
         record_provenance(result.provenance())
-        cd = get_compile_data()
-        if cd is not None:
-            cd._thunder_remat_pair_result = result
+        stash("pair_result", result)
         return result.trace
 
 
@@ -89,9 +88,7 @@ def plan_joint_trace(trace, executor: RematFusionExecutor):
     from thunder_remat.executors.fsdp import zero3_active
 
     config = executor.config
-    cd = get_compile_data()
-    if cd is not None:
-        cd._thunder_remat_joint_trace = trace
+    stash("joint_trace", trace)
     zero3 = zero3_active()
     if zero3 and config.enabled and config.fsdp_regather and not config.whole_graph:
         raise ValueError(
@@ -103,10 +100,9 @@ def plan_joint_trace(trace, executor: RematFusionExecutor):
         return trace
     with _collector_paused():
         result = plan_saved_values(trace, config, zero3=zero3)
-    executor.saved_set_planned = result.failed is None
+    executor.saved_set_planned = result.status is not PassStatus.FAILED
     record_provenance(result.provenance())
-    if cd is not None:
-        cd._thunder_remat_save_result = result
+    stash("save_result", result)
     return result.trace
 
 
@@ -169,24 +165,18 @@ def is_remat_executor(ex) -> bool:
 
 def last_pair_pass(jitted) -> PairPassResult | None:
     """What the fusion-pair pass did in the latest compilation of ``jitted`` (None if it did not run)."""
-    import thunder
-
-    return getattr(thunder.compile_data(jitted), "_thunder_remat_pair_result", None)
+    return stashed(jitted, "pair_result")
 
 
 def last_save_plan(jitted) -> SavePassResult | None:
     """What the whole-graph pass chose in the latest compilation of ``jitted`` (None if it did not run)."""
-    import thunder
-
-    return getattr(thunder.compile_data(jitted), "_thunder_remat_save_result", None)
+    return stashed(jitted, "save_result")
 
 
 def last_joint_trace(jitted):
     """The joint forward+backward trace Thunder made in the latest compilation of ``jitted``, as
     thunder_remat first saw it (before any pass; None if thunder_remat was off)."""
-    import thunder
-
-    return getattr(thunder.compile_data(jitted), "_thunder_remat_joint_trace", None)
+    return stashed(jitted, "joint_trace")
 
 
 def thunder_alone_saved_bytes(jitted) -> int | None:
@@ -194,18 +184,15 @@ def thunder_alone_saved_bytes(jitted) -> int | None:
     ``jitted``'s latest compilation: the same executors fuse it, Thunder's own fusion-pair pass
     runs, then its forward/backward split (computed once, on first request; None if
     thunder_remat was off)."""
-    import thunder
-
     from thunder_remat.executors.pipeline import fuse_as_thunder_alone
-    from thunder_remat.joint_analysis import forward_storages, thunder_split
+    from thunder_remat.trace_facts import forward_storages, thunder_split
 
-    cd = thunder.compile_data(jitted)
     joint = last_joint_trace(jitted)
     if joint is None:
         return None
-    cached = getattr(cd, "_thunder_remat_alone", None)
+    cached = stashed(jitted, "alone")
     if cached is None or cached[0] is not joint:
         fused = fuse_as_thunder_alone(jitted, joint)
         cached = (joint, forward_storages(fused, with_backward=True).bytes_held(thunder_split(fused).saved))
-        cd._thunder_remat_alone = cached
+        stash_for(jitted, "alone", cached)
     return cached[1]

@@ -7,6 +7,12 @@ about one forward op (``OpFacts``); no thunder import. Verdicts:
 * ``soft``: prefer saving; a tight memory budget may recompute it anyway (knapsack);
 * ``recompute``: never save, always recompute (Thunder's ``RECOMPUTE_IN_BACKWARD``).
 
+Both passes judge by the same policies on the same facts (the tags come from one reader,
+``trace_facts.TagReader``): the whole-graph pass never recomputes a hard verdict and lets a tight
+budget overrule a soft one; the fusion-pair pass keeps both in the producer region (a consumer
+region recomputes only what may run again freely). So a policy set that lets reductions run
+again does so in both passes.
+
 Hard verdicts win over soft ones, and the first reason found is the one reported. Policies hash
 and compare by value, so a config holding them stays frozen and comparable. Write your own by
 adding a frozen dataclass with a ``judge`` method; pass ``remat_policies=(...)``.
@@ -18,11 +24,14 @@ syncs): running them twice changes program state, or hangs another rank. See
 
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass, field
 
 __all__ = [
     "OpFacts",
+    "VerdictKind",
     "Verdict",
+    "REPLAYABLE_RANDOM_OPS",
     "NeverRecomputeRandom",
     "NeverRecomputeMatmul",
     "KeepSmallReductions",
@@ -31,6 +40,9 @@ __all__ = [
     "STRUCTURAL_HARD_BANS",
     "judge_op",
 ]
+
+#: random ops that replay their random state exactly when run again (Thunder's philox-seeded uniform)
+REPLAYABLE_RANDOM_OPS = frozenset({"uniform_philox"})
 
 #: op tags (by name) whose ops are never recomputed, with the reason reported
 STRUCTURAL_HARD_BANS = {
@@ -50,10 +62,28 @@ class OpFacts:
     input_bytes: int
 
 
+class VerdictKind(enum.Enum):
+    #: never recompute (no budget overrules it)
+    HARD = "hard"
+    #: prefer saving; a tight memory budget may recompute it anyway
+    SOFT = "soft"
+    #: never save, always recompute
+    RECOMPUTE = "recompute"
+
+
 @dataclass(frozen=True)
 class Verdict:
-    kind: str  # "hard" | "soft" | "recompute"
+    """A policy's judgement of one op; ``kind`` a ``VerdictKind`` (or its value: "hard", ...)."""
+
+    kind: VerdictKind
     reason: str
+
+    def __post_init__(self) -> None:
+        try:
+            object.__setattr__(self, "kind", VerdictKind(self.kind))
+        except ValueError:
+            raise ValueError(f"thunder_remat Verdict kind must be one of {[k.value for k in VerdictKind]}, "
+                             f"got {self.kind!r}") from None
 
 
 @dataclass(frozen=True)
@@ -61,11 +91,11 @@ class NeverRecomputeRandom:
     """Random ops draw new numbers when run again; only ops that replay their random state exactly
     (``replayable``: Thunder's philox-seeded uniform) may be recomputed."""
 
-    replayable: frozenset[str] = frozenset({"uniform_philox"})
+    replayable: frozenset[str] = REPLAYABLE_RANDOM_OPS
 
     def judge(self, op: OpFacts) -> Verdict | None:
         if "RANDOM_OP" in op.tags and op.op not in self.replayable:
-            return Verdict("hard", "random op (recomputing draws different numbers)")
+            return Verdict(VerdictKind.HARD, "random op (recomputing draws different numbers)")
         return None
 
 
@@ -78,7 +108,7 @@ class NeverRecomputeMatmul:
 
     def judge(self, op: OpFacts) -> Verdict | None:
         if op.op in self.ops or "MATMUL_OP" in op.tags or "DONT_AUTO_RECOMPUTE_IN_BACKWARD" in op.tags:
-            return Verdict("hard" if self.hard else "soft", "matmul/linear/attention")
+            return Verdict(VerdictKind.HARD if self.hard else VerdictKind.SOFT, "matmul/linear/attention")
         return None
 
 
@@ -90,7 +120,7 @@ class KeepSmallReductions:
 
     def judge(self, op: OpFacts) -> Verdict | None:
         if "REDUCTION_OP" in op.tags and op.input_bytes >= self.ratio * max(op.output_bytes, 1):
-            return Verdict("soft", f"reduction with output {self.ratio:g}x smaller than its input")
+            return Verdict(VerdictKind.SOFT, f"reduction with output {self.ratio:g}x smaller than its input")
         return None
 
 
@@ -101,9 +131,9 @@ class RespectThunderTags:
 
     def judge(self, op: OpFacts) -> Verdict | None:
         if "DONT_RECOMPUTE_IN_BACKWARD" in op.tags:
-            return Verdict("hard", "tagged DONT_RECOMPUTE_IN_BACKWARD")
+            return Verdict(VerdictKind.HARD, "tagged DONT_RECOMPUTE_IN_BACKWARD")
         if "RECOMPUTE_IN_BACKWARD" in op.tags:
-            return Verdict("recompute", "tagged RECOMPUTE_IN_BACKWARD")
+            return Verdict(VerdictKind.RECOMPUTE, "tagged RECOMPUTE_IN_BACKWARD")
         return None
 
 
@@ -112,10 +142,19 @@ DEFAULT_POLICIES = (NeverRecomputeRandom(), NeverRecomputeMatmul(), KeepSmallRed
 
 @dataclass(frozen=True)
 class Judgement:
+    """Every policy's verdict on one op, combined; what each pass reads of it is said here."""
+
     hard: str | None = None
     soft: str | None = None
     recompute: bool = False
     reasons: tuple[str, ...] = field(default=())
+
+    @property
+    def keeps_in_producer(self) -> str | None:
+        """Why the fusion-pair pass keeps the op in its producer region (a consumer region
+        recomputes only what may run again freely: neither a hard nor a soft verdict), or None.
+        The whole-graph pass never recomputes ``hard`` and lets a tight budget overrule ``soft``."""
+        return self.hard or self.soft
 
 
 def judge_op(op: OpFacts, policies) -> Judgement:
@@ -129,11 +168,11 @@ def judge_op(op: OpFacts, policies) -> Judgement:
         verdict = policy.judge(op)
         if verdict is None:
             continue
-        if verdict.kind == "hard" and hard is None:
+        if verdict.kind is VerdictKind.HARD and hard is None:
             hard = verdict.reason
-        elif verdict.kind == "soft" and soft is None:
+        elif verdict.kind is VerdictKind.SOFT and soft is None:
             soft = verdict.reason
-        elif verdict.kind == "recompute":
+        elif verdict.kind is VerdictKind.RECOMPUTE:
             recompute = True
     # An explicit request to recompute (checkpoint) overrules a soft preference to save.
     recompute = recompute and hard is None

@@ -24,13 +24,12 @@ from collections import Counter
 from thunder.core.proxies import Proxy
 from thunder.core.pytree import tree_flatten
 
-from thunder_remat.joint_analysis import forward_storages, in_place_destination, tag_names, thunder_split
+from thunder_remat.policies import REPLAYABLE_RANDOM_OPS, STRUCTURAL_HARD_BANS
 from thunder_remat.storage import storage_map
-from thunder_remat.policies import STRUCTURAL_HARD_BANS
+from thunder_remat.trace_facts import TagReader, forward_storages, in_place_destination, thunder_split
 
-__all__ = ["VerificationError", "verify"]
+__all__ = ["VerificationError", "verify", "region_problems"]
 
-_REPLAYABLE = frozenset({"uniform_philox"})
 #: ops that name values without reading their data (``update_aliases`` names the storage's data
 #: as it is now)
 _BOOKKEEPING = frozenset({"del", "python_del", "unpack_sequence", "unpack_trivial", "unpack_tuple",
@@ -46,20 +45,21 @@ def _names(tree) -> list[str]:
     return [p.name for p in flat if isinstance(p, Proxy)]
 
 
-def _count_unsafe(bsym, counts: Counter) -> None:
+def _count_unsafe(bsym, counts: Counter, tags_of: TagReader) -> None:
     if bsym.sym.is_fusion:
         for sub in bsym.subsymbols:
-            _count_unsafe(sub, counts)
+            _count_unsafe(sub, counts, tags_of)
         return
-    tags = tag_names(bsym)
-    if ("RANDOM_OP" in tags and bsym.sym.name not in _REPLAYABLE) or tags & set(STRUCTURAL_HARD_BANS):
+    tags = tags_of(bsym)
+    if ("RANDOM_OP" in tags and bsym.sym.name not in REPLAYABLE_RANDOM_OPS) or tags & STRUCTURAL_HARD_BANS.keys():
         counts[bsym.sym.name] += 1
 
 
 def _unsafe_counts(trace) -> Counter:
     counts: Counter = Counter()
+    tags_of = TagReader()
     for bsym in trace.bound_symbols:
-        _count_unsafe(bsym, counts)
+        _count_unsafe(bsym, counts, tags_of)
     return counts
 
 
@@ -94,7 +94,9 @@ def _stale_reads(trace) -> set[tuple[str, str]]:
     return found
 
 
-def _region_problems(region) -> list[str]:
+def region_problems(region) -> list[str]:
+    """Why a fusion region is not closed: a read that is neither an input nor defined earlier in
+    its body, a value defined twice, an output its body never defines (empty: closed)."""
     problems = []
     known = set(_names(region.args))
     for sub in region.subsymbols:
@@ -153,7 +155,7 @@ def verify(before, after, *, saved=None, saved_bytes=None, replayed=(), raise_on
             if name not in defined:
                 problems.append(f"{bsym.sym.name} reads {name} before it is produced")
         if bsym.sym.is_fusion:
-            problems += _region_problems(bsym)
+            problems += region_problems(bsym)
         defined.update(_names(bsym.output))
 
     ret_before, ret_after = before.bound_symbols[-1], after.bound_symbols[-1]

@@ -251,7 +251,7 @@ class ZooRun:
     jitted: object
     #: each parameter's gradient (None where the loss does not reach it)
     grads: list
-    #: what autograd kept for backward, in storages (thunder_remat.measure.saved_for_backward)
+    #: what autograd kept for backward, in storages (thunder_remat.inspect.measure.saved_for_backward)
     saved: object
 
 
@@ -271,7 +271,7 @@ def run_zoo_model(entry: ZooModel, executors, size: str = "small", **options) ->
     and one backward."""
     import thunder
 
-    from thunder_remat.measure import saved_for_backward
+    from thunder_remat.inspect.measure import saved_for_backward
 
     model, inputs = entry.make(size)
     jitted = thunder.jit(model, executors=list(executors), **options)

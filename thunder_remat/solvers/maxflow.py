@@ -16,7 +16,7 @@ from functools import cached_property
 import igraph
 import numpy as np
 
-__all__ = ["FlowNetwork", "CutResult", "CutSolver", "min_cut"]
+__all__ = ["FlowNetwork", "CutResult", "CutSolver", "min_cut", "cut_from_source_side"]
 
 
 def _check_edges(num_nodes: int, edges, source: int, sink: int) -> None:
@@ -121,3 +121,13 @@ def min_cut(network: FlowNetwork) -> CutResult:
     """Solve the minimum cut of one network (see ``CutSolver.cut``); an infinite value means
     source and sink cannot be separated."""
     return CutSolver(network.num_nodes, network.edges, network.source, network.sink).cut(network.capacities)
+
+
+def cut_from_source_side(network: FlowNetwork, source_mask) -> CutResult:
+    """The cut of ``network`` that a stored source side describes (no solve): its crossing edges
+    and their capacities' sum."""
+    mask = np.asarray(source_mask, dtype=bool)
+    if mask.shape != (network.num_nodes,) or not mask[network.source] or mask[network.sink]:
+        raise ValueError("a cut's source side must hold the source and not the sink, one flag per node")
+    crossing = tuple(k for k, (u, v) in enumerate(network.edges) if mask[u] and not mask[v])
+    return CutResult(float(sum(network.capacities[k] for k in crossing)), mask, crossing)

@@ -9,31 +9,47 @@ Either way the program computes what it computed before.
 
 from __future__ import annotations
 
+import enum
 import logging
-import time
 import warnings
 from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import ClassVar
 
 from thunder_remat.config import RematConfig
-from thunder_remat.flow_graph import solve_pair
-from thunder_remat.joint_analysis import in_place_destination, is_backward_region
-from thunder_remat.pair_problem import TagCache, build_pair_problem
-from thunder_remat.rewrite import rewrite_pair
+from thunder_remat.pairs.analysis import build_pair_problem
+from thunder_remat.pairs.rewrite import rewrite_pair
+from thunder_remat.pairs.solve import solve_pair
+from thunder_remat.records import PassResult, PassStatus
+from thunder_remat.trace_facts import TagReader, in_place_destination, is_backward_region
 
-__all__ = ["PairRecord", "PairPassResult", "find_fusion_pairs", "rematerialize_fusion_pairs"]
+__all__ = ["PairStatus", "PairRecord", "PairPassResult", "find_fusion_pairs", "rematerialize_fusion_pairs"]
 
 log = logging.getLogger(__name__)
 
 
+class PairStatus(enum.Enum):
+    #: the consumer now recomputes some of the producer's values
+    REWRITTEN = "rewritten"
+    #: the cut hands over what the consumer read before
+    UNCHANGED = "unchanged"
+    #: analysis, solve or rewrite failed for this pair (``failure`` says why); it is left as it was
+    FAILED = "failed"
+    #: a forward region feeding a backward one while the whole-graph pass chose what the forward
+    #: saves: recomputing in the backward region would change that choice, so the pair is kept
+    KEPT_FOR_SAVE_PLAN = "kept: forward -> backward, the whole-graph plan chose what is saved"
+
+
 @dataclass(frozen=True)
 class PairRecord:
-    """What happened to one pair (kept for reports and tests)."""
+    """What happened to one pair (kept for reports, drawings and tests)."""
 
     producer: str
     consumer: str
-    status: str  # "rewritten", "unchanged", "failed: <reason>" or SAVED_SET_PLANNED
+    status: PairStatus
+    #: why the pair failed (status FAILED), else None
+    failure: str | None = None
     cut_value: float = 0.0
     bytes_before: int = 0
     bytes_after: int = 0
@@ -45,14 +61,12 @@ class PairRecord:
 
 
 @dataclass
-class PairPassResult:
-    trace: object
+class PairPassResult(PassResult):
+    """What the fusion-pair pass did (``PassResult``: status, failure, timings)."""
+
+    STAGES: ClassVar[tuple[str, ...]] = ("analysis", "solve", "rewrite", "reemit")
+
     pairs: list[PairRecord] = field(default_factory=list)
-    #: analysis, min cuts and rewrites
-    solve_ms: float = 0.0
-    #: rebuilding the changed regions through their executors
-    reemit_ms: float = 0.0
-    abandoned: str | None = None
 
     @property
     def bytes_before(self) -> int:
@@ -63,15 +77,16 @@ class PairPassResult:
         return sum(p.bytes_after for p in self.pairs)
 
     def provenance(self) -> str:
-        rewritten = sum(p.status == "rewritten" for p in self.pairs)
+        rewritten = sum(p.status is PairStatus.REWRITTEN for p in self.pairs)
+        t = self.timings
         text = (
-            f"thunder_remat fusion-pair rematerialization (took {self.solve_ms:.1f} ms, "
-            f"re-emitting regions {self.reemit_ms:.1f} ms; "
+            f"thunder_remat fusion-pair rematerialization (took {t.analysis_ms + t.solve_ms + t.rewrite_ms:.1f} ms, "
+            f"re-emitting regions {t.reemit_ms:.1f} ms; "
             f"{len(self.pairs)} pairs visited, {rewritten} rewritten; "
             f"bytes crossing {self.bytes_before} -> {self.bytes_after})"
         )
-        if self.abandoned:
-            text += f"; abandoned: {self.abandoned}"
+        if self.failure:
+            text += f"; abandoned: {self.failure}"
         return text
 
 
@@ -115,11 +130,6 @@ def _written_in_place(bsyms) -> dict[str, int]:
     return dict(writes)
 
 
-#: status of a pair from a forward region into a backward one when the whole-graph pass chose
-#: what the forward saves: recomputing in the backward region would change that choice
-SAVED_SET_PLANNED = "kept: forward -> backward, the whole-graph plan chose what is saved"
-
-
 def rematerialize_fusion_pairs(
     trace,
     config: RematConfig,
@@ -136,16 +146,16 @@ def rematerialize_fusion_pairs(
     pairs from a forward region into a backward region are then left as they are, so that the
     forward hands the backward exactly the plan's values.
     """
-    start = time.perf_counter()
     bsyms = list(trace.bound_symbols)
     result = PairPassResult(trace)
-    pairs = find_fusion_pairs(bsyms)
+    timings = result.timings
+    with timings.stage("analysis"):
+        pairs = find_fusion_pairs(bsyms)
+        readers = _readers(bsyms)
+        written = _written_in_place(bsyms)
     if not pairs:
-        result.solve_ms = (time.perf_counter() - start) * 1e3
         return result
-    readers = _readers(bsyms)
-    tags_of = TagCache()
-    written = _written_in_place(bsyms)
+    tags_of = TagReader()
     changed: set[int] = set()
 
     for pi, ci in pairs:
@@ -155,36 +165,41 @@ def rematerialize_fusion_pairs(
             continue
         name = f"{producer.sym.name} -> {consumer.sym.name}"
         if saved_set_planned and not is_backward_region(producer) and is_backward_region(consumer):
-            result.pairs.append(PairRecord(producer.sym.name, consumer.sym.name, SAVED_SET_PLANNED))
+            result.pairs.append(PairRecord(producer.sym.name, consumer.sym.name, PairStatus.KEPT_FOR_SAVE_PLAN))
             continue
         try:
-            external = {o.name for o in producer.flat_proxy_outs if readers.get(o.name, set()) - {pi, ci}}
-            same = producer.sym.executor is consumer.sym.executor
-            consumer_adapter = adapter_for(consumer.sym.executor)
-            problem = build_pair_problem(
-                producer,
-                consumer,
-                external_outputs=external,
-                written=written,
-                consumer_can_fuse=consumer_adapter.can_fuse,
-                same_executor=same,
-                producer_input_discount=config.producer_input_discount,
-                tags_of=tags_of,
-                policies=config.policies,
-            )
-            pair_network, cut, plan = solve_pair(problem)
-            rewritten = rewrite_pair(producer, consumer, plan, external_outputs=external, pinned=problem.pinned,
-                                     crossing_bytes=problem.crossing_bytes)
+            with timings.stage("analysis"):
+                external = {o.name for o in producer.flat_proxy_outs if readers.get(o.name, set()) - {pi, ci}}
+                same = producer.sym.executor is consumer.sym.executor
+                consumer_adapter = adapter_for(consumer.sym.executor)
+                problem = build_pair_problem(
+                    producer,
+                    consumer,
+                    external_outputs=external,
+                    written=written,
+                    consumer_can_fuse=consumer_adapter.can_fuse,
+                    same_executor=same,
+                    producer_input_discount=config.producer_input_discount,
+                    policies=config.policies,
+                    tags_of=tags_of,
+                )
+            with timings.stage("solve"):
+                pair_network, cut, plan = solve_pair(problem)
+            with timings.stage("rewrite"):
+                rewritten = rewrite_pair(producer, consumer, plan, external_outputs=external, pinned=problem.pinned,
+                                         crossing_bytes=problem.crossing_bytes)
         except Exception as exc:  # containment: a pair we cannot handle keeps Thunder's regions
             warnings.warn(f"thunder_remat: left fusion pair {name} untouched: {type(exc).__name__}: {exc}")
-            result.pairs.append(PairRecord(producer.sym.name, consumer.sym.name, f"failed: {exc}"))
+            result.pairs.append(PairRecord(producer.sym.name, consumer.sym.name, PairStatus.FAILED,
+                                           failure=f"{type(exc).__name__}: {exc}"))
             continue
-        status = "rewritten" if rewritten.recomputed else "unchanged"
+        status = PairStatus.REWRITTEN if rewritten.recomputed else PairStatus.UNCHANGED
         result.pairs.append(
             PairRecord(
                 producer.sym.name,
                 consumer.sym.name,
                 status,
+                None,
                 cut.value,
                 rewritten.bytes_before,
                 rewritten.bytes_after,
@@ -194,7 +209,7 @@ def rematerialize_fusion_pairs(
                 cut=cut,
             )
         )
-        log.debug("pair %s: %s, cut %s, recomputed %s", name, status, cut.value, rewritten.recomputed)
+        log.debug("pair %s: %s, cut %s, recomputed %s", name, status.value, cut.value, rewritten.recomputed)
         if not rewritten.recomputed:
             continue
         for i, new in ((pi, rewritten.producer), (ci, rewritten.consumer)):
@@ -205,18 +220,16 @@ def rematerialize_fusion_pairs(
             bsyms[i] = new
             changed.add(i)
 
-    result.solve_ms = (time.perf_counter() - start) * 1e3
-    start = time.perf_counter()
-    try:
-        for i in sorted(changed):
-            bsyms[i] = adapter_for(bsyms[i].sym.executor).reemit(bsyms[i])
-        result.trace = finalize(trace, bsyms)
-    except Exception as exc:
-        warnings.warn(
-            f"thunder_remat: re-emitting rewritten fusion regions failed ({type(exc).__name__}: {exc}); "
-            "the fusion-pair pass is abandoned for this trace and Thunder's regions are kept"
-        )
-        result.trace = trace
-        result.abandoned = f"{type(exc).__name__}: {exc}"
-    result.reemit_ms = (time.perf_counter() - start) * 1e3
+    with timings.stage("reemit"):
+        try:
+            for i in sorted(changed):
+                bsyms[i] = adapter_for(bsyms[i].sym.executor).reemit(bsyms[i])
+            result.trace = finalize(trace, bsyms)
+            result.status = PassStatus.REWRITTEN if changed else PassStatus.UNCHANGED
+        except Exception as exc:
+            warnings.warn(
+                f"thunder_remat: re-emitting rewritten fusion regions failed ({type(exc).__name__}: {exc}); "
+                "the fusion-pair pass is abandoned for this trace and Thunder's regions are kept"
+            )
+            result.fail(trace, f"{type(exc).__name__}: {exc}")
     return result

@@ -13,7 +13,8 @@ from thunder.core.prims import OpTags
 from thunder.core.symbol import has_tags
 
 from thunder_remat.cost import value_bytes
-from thunder_remat.flow_graph import PairPlan
+from thunder_remat.pairs.solve import PairPlan
+from thunder_remat.verify import region_problems
 
 __all__ = ["RewriteError", "RewrittenPair", "rewrite_pair", "check_region_closed"]
 
@@ -127,18 +128,7 @@ def _live_subsymbols(subsymbols, outputs: Collection[str]) -> tuple:
 
 
 def check_region_closed(region) -> None:
-    """Every value the region's body reads is one of its inputs or defined earlier in the body,
-    every value is defined once, and every output is defined."""
-    known = {p.name for p in region.flat_proxy_args}
-    for bsym in region.subsymbols:
-        for p in bsym.flat_proxy_args:
-            if p.name not in known:
-                raise RewriteError(f"{region.sym.name} reads {p.name} before it is defined")
-        reads = {p.name for p in bsym.flat_proxy_args}
-        for p in bsym.flat_proxy_outs:
-            if p.name in known and p.name not in reads:
-                raise RewriteError(f"{region.sym.name} defines {p.name} twice")
-            known.add(p.name)
-    for p in region.flat_proxy_outs:
-        if p.name not in known:
-            raise RewriteError(f"{region.sym.name} returns {p.name}, which its body never defines")
+    """Raise ``RewriteError`` unless ``region`` is closed (``verify.region_problems``)."""
+    problems = region_problems(region)
+    if problems:
+        raise RewriteError("; ".join(problems))

@@ -14,6 +14,7 @@ import math
 from pathlib import Path
 
 from thunder_remat.solvers.maxflow import CutResult, FlowNetwork
+from thunder_remat.solvers.split_network import Terminal
 
 __all__ = ["to_dot", "draw"]
 
@@ -42,24 +43,24 @@ def to_dot(network: FlowNetwork, labels, cut: CutResult, title: str = "min cut",
     return "\n".join(lines) + "\n"
 
 
+def _label(node) -> str:
+    return node.value if isinstance(node, Terminal) else str(node)
+
+
 def _whole_graph_dot(jitted) -> str:
     from thunder_remat.plugin import last_save_plan
-    from thunder_remat.save_plan import build_save_network
-    from thunder_remat.solvers.maxflow import min_cut
 
     result = last_save_plan(jitted)
     if result is None or result.choice is None:
         raise ValueError("draw: no whole-graph plan; jit with remat=True (remat_whole_graph=True) and call it once")
     plan = result.choice.plan
-    # the plan's own network: its kept soft bans and the recompute price it was solved with
-    net = build_save_network(result.problem, plan.kept_bans, plan.price)
-    labels = [lab if isinstance(lab, str) else f"{lab[0]}:{lab[1]}" for lab in net.labels]
+    # the plan's own network (its kept soft bans and recompute price) and the cut it was solved with
+    net, cut = result.choice.networks.cut_of(plan)
     unit = "B" if plan.price == 0 else f"(B + {plan.price:.3g} x recompute {result.problem.cost_unit})"
-    return to_dot(net.network, labels, min_cut(net.network), "whole-graph saved-for-backward cut", unit)
+    return to_dot(net.network, [_label(n) for n in net.labels], cut, "whole-graph saved-for-backward cut", unit)
 
 
 def _pair_dot(jitted, pair) -> str:
-    from thunder_remat.flow_graph import ValueNode
     from thunder_remat.plugin import last_pair_pass
 
     result = last_pair_pass(jitted)
@@ -71,7 +72,7 @@ def _pair_dot(jitted, pair) -> str:
         record = records[names.index(pair)]
     else:
         raise ValueError(f"draw: pair must be an index or one of {names}, got {pair!r}")
-    labels = [f"{n.value}:{n.side.value}" if isinstance(n, ValueNode) else n.value for n in record.network.nodes]
+    labels = [_label(n) for n in record.network.nodes]
     return to_dot(record.network.network, labels, record.cut, f"fusion pair {names[records.index(record)]}")
 
 

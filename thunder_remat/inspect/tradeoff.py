@@ -10,7 +10,7 @@ import json
 from dataclasses import dataclass
 
 from thunder_remat.budget import parse_budget
-from thunder_remat.save_plan import choose_plan
+from thunder_remat.whole_graph.planner import choose_plan
 
 __all__ = ["SweepPoint", "sweep_budgets", "plot_tradeoff", "DEFAULT_SWEEP"]
 

@@ -40,9 +40,11 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from thunder_remat.save_problem import ForwardOp, SaveProblem
+from thunder_remat.solvers.split_network import SplitNetwork
+from thunder_remat.whole_graph.problem import ForwardOp, SaveProblem
+from thunder_remat.budget import BudgetKind
 from thunder_remat.solvers.knapsack import solve_knapsack
-from thunder_remat.solvers.maxflow import CutResult, CutSolver, FlowNetwork
+from thunder_remat.solvers.maxflow import CutResult, FlowNetwork, cut_from_source_side
 
 __all__ = ["SavePlan", "SaveNetwork", "SaveNetworks", "Frontier", "BudgetChoice", "build_save_network",
            "plan_with_bans", "build_frontier", "gap_plans", "choose_plan", "choose_fastest", "is_fastest_budget"]
@@ -62,7 +64,7 @@ class SaveNetwork:
     """One flow network of a problem and what each of its nodes stands for."""
 
     network: FlowNetwork
-    #: node index -> (value name, "in" | "out"), or "source" / "sink"
+    #: node index -> ``ValueNode`` (value name, side) or ``Terminal``
     labels: tuple
     #: edge index of each value's in -> out edge
     value_edge: dict
@@ -86,6 +88,9 @@ class SavePlan:
     cut_value: float
     #: price per unit of recompute cost the cut was solved with (0: bytes only)
     price: float = 0.0
+    #: the cut itself: which nodes of ``SaveNetworks`` were on the source side (``np.packbits``), so
+    #: a drawing shows this cut without solving it again
+    source_side: bytes = field(default=b"", repr=False, compare=False)
 
     @property
     def key(self) -> tuple:
@@ -120,16 +125,19 @@ class BudgetChoice:
     feasible: bool
     #: the plans chosen from; None when the budget asked for the fastest plan, which needs no frontier
     frontier: Frontier | None = field(default=None, repr=False)
+    #: the networks ``plan`` was solved on (its cut: ``networks.cut_of(plan)``)
+    networks: SaveNetworks | None = field(default=None, repr=False, compare=False)
 
 
 def is_fastest_budget(budget) -> bool:
-    return budget is None or budget == ("fraction", 1.0)
+    return budget is None or (BudgetKind(budget[0]) is BudgetKind.FRACTION and budget[1] == 1.0)
 
 
 def choose_fastest(problem: SaveProblem, budget) -> BudgetChoice:
     """The fastest plan, for budget None or 1.0, with one min cut instead of a whole frontier."""
-    plan = plan_with_bans(problem, {op.index for op in _soft_banned(problem)})
-    return BudgetChoice(plan, None if budget is None else plan.saved_bytes, True, None)
+    networks = SaveNetworks(problem)
+    plan = networks.plan({op.index for op in _soft_banned(problem)})
+    return BudgetChoice(plan, None if budget is None else plan.saved_bytes, True, None, networks)
 
 
 def _soft_banned(problem: SaveProblem) -> list[ForwardOp]:
@@ -180,14 +188,11 @@ class SaveNetworks:
     def __init__(self, problem: SaveProblem) -> None:
         self.problem = problem
         names = sorted(problem.values)
-        index = {name: i for i, name in enumerate(names)}
         self.names = tuple(names)
-        self.source, self.sink = 2 * len(names), 2 * len(names) + 1
-        labels = [None] * (2 * len(names) + 2)
-        for name, i in index.items():
-            labels[2 * i], labels[2 * i + 1] = (name, "in"), (name, "out")
-        labels[self.source], labels[self.sink] = "source", "sink"
-        self.labels = tuple(labels)
+        split = SplitNetwork(names)
+        self.split = split
+        self.source, self.sink = split.source, split.sink
+        self.labels = split.labels()
         producer = problem.producer_of()
         self.op_cost = {op.index: op.cost for op in problem.ops}
         self.op_indices = sorted(self.op_cost)
@@ -195,23 +200,17 @@ class SaveNetworks:
         #: per value (in node order): where in ``op_indices`` the op that makes it is, -1 for inputs
         self.value_op = np.array([position[producer[n].index] if n in producer else -1 for n in names],
                                  dtype=np.int64)
-        edges, caps, self.value_edge = [], [], {}
         #: per op a kept soft ban can make banned: (value edge, source edge, bytes if saved) per output
         self.bannable: dict[int, list[tuple[int, int, float]]] = {}
         ban_sources, priced = [], []
         must_save = set(problem.must_save)
 
-        def add(u, v, capacity):
-            edges.append((u, v))
-            caps.append(capacity)
-            return len(edges) - 1
-
         for name in names:
-            value, node = problem.values[name], 2 * index[name]
+            value = problem.values[name]
             op = producer.get(name)
             if value.is_input or op is None:
-                add(self.source, node, math.inf)
-                self.value_edge[name] = add(node, node + 1, 0.0)
+                split.available(name)
+                split.value(name, 0.0)
                 continue
             # A view is not saved: its base is, or the backward makes it again (for free). Only a
             # view whose op may not run again (or a write's output: the data its storage now holds)
@@ -220,39 +219,40 @@ class SaveNetworks:
             saved_bytes = math.inf if overwritten else float(value.held_bytes)
             free_bytes = math.inf if (op.force_recompute or value.maybe_view) and op.writes is None else saved_bytes
             if op.hard_ban is not None or name in must_save:  # available from the forward as it is
-                self.value_edge[name] = add(node, node + 1, saved_bytes)
-                add(self.source, node, math.inf)
+                split.value(name, saved_bytes)
+                split.available(name)
             else:
-                self.value_edge[name] = add(node, node + 1, free_bytes)
-                ban_sources.append((op.index, name, node, saved_bytes))
+                split.value(name, free_bytes)
+                ban_sources.append((op.index, name, saved_bytes))
                 if op.cost > 0.0:
-                    priced.append((op.index, op.cost, node, 2 * index[op.outputs[0]]))
-            for dep in sorted(set(op.inputs)):
-                add(2 * index[dep] + 1, node, math.inf)
-            if op.writes is not None:  # recomputed only with its destination (into a fresh tensor)
-                add(2 * index[op.writes], node, math.inf)
+                    priced.append((op.index, op.cost, name, op.outputs[0]))
+            split.made_from(sorted(set(op.inputs)), name)
+            if op.writes is not None:
+                split.made_with(op.writes, name)
         for name in sorted(set(problem.needed_by_backward)):
-            add(2 * index[name] + 1, self.sink, math.inf)
-        self.shared_edges = len(edges)
+            split.needed(name)
+        self.value_edge = split.value_edge
+        self.shared_edges = len(split.edges)
         # edges only some cuts use, with no capacity until a cut gives them one
-        for op_index, name, node, saved_bytes in ban_sources:
-            source_edge = add(self.source, node, 0.0)
+        for op_index, name, saved_bytes in ban_sources:
+            source_edge = split.available(name, 0.0)
             self.bannable.setdefault(op_index, []).append((self.value_edge[name], source_edge, saved_bytes))
         price_edges, price_costs, price_ops, tie_edges, tie_ops = [], [], [], [], []
-        for op_index, cost, node, first in priced:
-            if node == first:
-                price_edges.append(add(self.source, node, 0.0))
+        for op_index, cost, name, first in priced:
+            if name == first:
+                price_edges.append(split.available(name, 0.0))
                 price_costs.append(cost)
                 price_ops.append(op_index)
             else:
-                tie_edges += [add(first, node, 0.0), add(node, first, 0.0)]
+                node, first_node = split.in_node(name), split.in_node(first)
+                tie_edges += [split.edge(first_node, node, 0.0), split.edge(node, first_node, 0.0)]
                 tie_ops += [op_index, op_index]
         self.price_edges, self.price_costs, self.price_ops = (np.array(price_edges, dtype=np.int64),
                                                               np.array(price_costs, dtype=float),
                                                               np.array(price_ops, dtype=np.int64))
         self.tie_edges, self.tie_ops = np.array(tie_edges, dtype=np.int64), np.array(tie_ops, dtype=np.int64)
-        self.base_capacities = np.array(caps, dtype=float)
-        self.solver = CutSolver(len(labels), edges, self.source, self.sink)
+        self.base_capacities = np.array(split.capacities, dtype=float)
+        self.solver = split.cut_solver()
 
     def capacities(self, kept_bans, price: float = 0.0) -> np.ndarray:
         """Every edge's capacity with ``kept_bans`` in force and ``price`` charged."""
@@ -287,12 +287,10 @@ class SaveNetworks:
             why = (f"; the backward reads {', '.join(stale)} from before an in-place write overwrote its storage "
                    "(Thunder alone hands the backward the overwritten data: check the gradients)") if stale else ""
             raise ValueError("no finite cut: a value the backward reads can neither be saved nor recomputed" + why)
-        values = len(self.names)
-        in_available, out_available = cut.source_mask[0:2 * values:2], cut.source_mask[1:2 * values:2]
-        # Saved: a value whose in-node is available (source side) while its out-node is not.
-        saved = [self.names[i] for i in np.flatnonzero(in_available & ~out_available).tolist()]
+        decided = self.split.decode(cut)
+        saved = [self.names[i] for i in np.flatnonzero(decided.crossing).tolist()]
         made_again = np.zeros(len(self.op_indices), dtype=bool)
-        made_again[self.value_op[~in_available & (self.value_op >= 0)]] = True
+        made_again[self.value_op[decided.made_again & (self.value_op >= 0)]] = True
         # the ints of the problem's own op indices: the plans kept share them (hundreds, at depth)
         recomputed = [self.op_indices[k] for k in np.flatnonzero(made_again).tolist()]
         return SavePlan(
@@ -303,7 +301,14 @@ class SaveNetworks:
             kept_bans=frozenset(kept_bans),
             cut_value=cut.value,
             price=price,
+            source_side=np.packbits(cut.source_mask).tobytes(),
         )
+
+    def cut_of(self, plan: SavePlan) -> tuple[SaveNetwork, CutResult]:
+        """The network ``plan`` was solved on and its stored cut (``plan`` must come from here)."""
+        network = self.network(plan.kept_bans, plan.price)
+        mask = np.unpackbits(np.frombuffer(plan.source_side, dtype=np.uint8), count=len(self.labels)).astype(bool)
+        return network, cut_from_source_side(network.network, mask)
 
 
 def build_save_network(problem: SaveProblem, kept_bans: frozenset[int], price: float = 0.0) -> SaveNetwork:
@@ -438,7 +443,7 @@ def target_bytes(frontier: Frontier, budget) -> int | None:
     if budget is None:
         return None
     kind, amount = budget
-    if kind == "fraction":
+    if BudgetKind(kind) is BudgetKind.FRACTION:
         low, high = frontier.smallest.saved_bytes, frontier.fastest.saved_bytes
         return int(math.floor(low + amount * (high - low) + 1e-9))
     return int(amount)
@@ -447,13 +452,14 @@ def target_bytes(frontier: Frontier, budget) -> int | None:
 def choose_plan(frontier: Frontier, budget) -> BudgetChoice:
     """The plan with the least recompute that fits the budget; if none fits, the smallest plan.
 
-    ``budget`` is ``None`` (fastest plan), ``("fraction", f)`` with f in [0, 1] or ``("bytes", n)``.
+    ``budget`` is ``None`` (fastest plan), a ``Budget`` (or the tuple ``(kind, amount)``): a fraction in
+    [0, 1] or bytes.
     """
     target = target_bytes(frontier, budget)
     if is_fastest_budget(budget):
-        return BudgetChoice(frontier.fastest, target, True, frontier)
+        return BudgetChoice(frontier.fastest, target, True, frontier, frontier.networks)
     fitting = [p for p in frontier.plans + gap_plans(frontier, target) if p.saved_bytes <= target]
     if not fitting:
-        return BudgetChoice(frontier.plans[0], target, False, frontier)
+        return BudgetChoice(frontier.plans[0], target, False, frontier, frontier.networks)
     best = min(fitting, key=lambda p: (p.recompute_cost, p.saved_bytes, p.key))
-    return BudgetChoice(best, target, True, frontier)
+    return BudgetChoice(best, target, True, frontier, frontier.networks)

@@ -147,6 +147,12 @@ def _reason(name, problem, plan, producer, is_input) -> str:
     return "cheaper to save than to recompute (minimum cut)"
 
 
+def _times(pass_name: str, result) -> dict[str, float]:
+    """Both passes' stages under the same names (each pass lists the stages it has)."""
+    times = result.timings.as_dict()
+    return {f"{pass_name} {stage}": times[stage] for stage in result.STAGES}
+
+
 def explain(jitted) -> RematReport:
     """The report for the latest compilation of ``jitted`` (call it once first)."""
     import thunder
@@ -175,10 +181,7 @@ def explain(jitted) -> RematReport:
         report.budget_feasible = save.choice.feasible
         report.recompute_cost, report.recompute_unit = plan.recompute_cost, problem.cost_unit
         report.rewritten_cost = save.rewritten_cost
-        report.times_ms["whole-graph analysis"] = save.analysis_ms
-        report.times_ms["whole-graph solve"] = save.solve_ms
-        report.times_ms["whole-graph rewrite"] = save.rewrite_ms
-        report.times_ms["whole-graph peak estimates"] = save.estimate_ms
+        report.times_ms.update(_times("whole-graph", save))
         ops = {op.index: op for op in problem.ops}
         level_of = {i: k for k, level in enumerate(save.checkpoint_levels, start=1) for i in level}
         for i in plan.recomputed:
@@ -212,11 +215,10 @@ def explain(jitted) -> RematReport:
             storage_bytes=storages.owner_bytes.get(owner, value_bytes(p)),
         ))
     if pairs is not None:
-        report.times_ms["fusion pairs solve"] = pairs.solve_ms
-        report.times_ms["fusion pairs re-emit"] = pairs.reemit_ms
+        report.times_ms.update(_times("fusion pairs", pairs))
         for rec in pairs.pairs:
             report.pairs.append({
-                "producer": rec.producer, "consumer": rec.consumer, "status": rec.status,
+                "producer": rec.producer, "consumer": rec.consumer, "status": rec.status.value, "failure": rec.failure,
                 "cut_value": rec.cut_value, "bytes_before": rec.bytes_before, "bytes_after": rec.bytes_after,
                 "handed_over": list(rec.handed_over), "recomputed": list(rec.recomputed),
             })

@@ -18,7 +18,7 @@ from thunder.core.proxies import variableify
 from thunder.core.symbol import BoundSymbolTag
 from thunder.core.trace import from_trace, tracectx
 
-from thunder_remat.joint_analysis import is_backward, reads_forward_values
+from thunder_remat.trace_facts import is_backward, reads_forward_values
 
 __all__ = ["CopySchedule", "insert_recomputation", "schedule_copies", "build", "MAX_CHEAP_COPIES"]
 
@@ -35,7 +35,7 @@ class CopySchedule:
 
     Copies are numbered in the order they are made; a copy's ``inputs`` and a reader's ``reads``
     map an input's name to the copy whose output it reads instead of the forward's value.
-    ``estimate`` (the step peak, thunder_remat.peak_estimate) and ``build`` both read it, so the
+    ``estimate`` (the step peak, thunder_remat.whole_graph.peak) and ``build`` both read it, so the
     "auto" checkpoint search builds only the rewrite it keeps.
     """
 
@@ -198,51 +198,4 @@ def build(schedule: CopySchedule):
             bsym = bsym.from_bsym_swap_proxies(swap_for(bsym, reads), skip_inputs=False, skip_output=True,
                                                skip_subsymbols=False)
         new.bound_symbols.append(bsym)
-    return new
-
-
-def prefetch_regathers(trace, depth: int):
-    """Issue each backward re-gather (FSDP ZeRO-3) up to ``depth`` waits early.
-
-    ``insert_recomputation`` places every re-gathered all-gather right before its wait, so one is
-    in flight at a time. With ``depth`` > 1, the k-th all-gather moves to just before the wait of
-    the (k - depth + 1)-th, so at most ``depth`` are in flight and communication overlaps the
-    compute between waits. An all-gather reads only a sharded parameter (a forward input), so
-    moving it earlier keeps every value defined before use.
-    """
-    from thunder_remat.joint_analysis import collective_name
-
-    if depth <= 1:
-        return trace
-    bsyms = list(trace.bound_symbols)
-    gathers, waits = [], {}
-    for i, bsym in enumerate(bsyms):
-        if not is_backward(bsym):
-            continue
-        name = collective_name(bsym)
-        outs = [p.name for p in bsym.flat_proxy_outs]
-        if name == "all_gather" and outs and all(o.startswith("rc_") for o in outs):
-            gathers.append((i, outs[0]))
-        elif name == "wait":
-            for p in bsym.flat_proxy_args:
-                waits.setdefault(p.name, i)
-    chain = [(g, waits[f]) for g, f in gathers if f in waits]
-    if len(chain) < 2:
-        return trace
-    moves = {}  # all-gather index -> index of the wait it must precede
-    for k, (g, _) in enumerate(chain):
-        target = chain[max(0, k - depth + 1)][1]
-        if target < g:
-            moves[g] = target
-    order = []
-    before: dict[int, list[int]] = {}
-    for g, target in moves.items():
-        before.setdefault(target, []).append(g)
-    for i in range(len(bsyms)):
-        if i in moves:
-            continue
-        order.extend(sorted(before.get(i, ())))
-        order.append(i)
-    new = from_trace(trace)
-    new.bound_symbols = [bsyms[i] for i in order]
     return new

@@ -13,8 +13,8 @@ from __future__ import annotations
 
 from thunder.core.proxies import TensorProxy
 
-from thunder_remat.joint_analysis import forward_storages
-from thunder_remat.recompute_rewrite import CopySchedule
+from thunder_remat.trace_facts import forward_storages
+from thunder_remat.whole_graph.rewrite import CopySchedule
 from thunder_remat.storage import StorageMap
 
 __all__ = ["estimate_peak_bytes", "estimate_schedule_peak"]

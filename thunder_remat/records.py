@@ -1,0 +1,83 @@
+"""The result record both passes return: a status, why a pass failed, and where its time went.
+
+``explain()``, the notebook and the tests read the whole-graph result (``SavePassResult``) and
+the fusion-pair result (``PairPassResult``) through these same fields.
+"""
+
+from __future__ import annotations
+
+import enum
+import time
+from typing import ClassVar
+from dataclasses import dataclass, field, fields
+
+__all__ = ["PassStatus", "Timings", "PassResult"]
+
+
+class PassStatus(enum.Enum):
+    #: the pass changed the trace
+    REWRITTEN = "rewritten"
+    #: the pass ran and found nothing to change (or was not asked to change anything)
+    UNCHANGED = "unchanged"
+    #: the pass gave up; the trace is the one Thunder made (``failure`` says why)
+    FAILED = "failed"
+
+
+@dataclass
+class Timings:
+    """Milliseconds per stage; they add up to the pass (a stage a pass does not have stays 0).
+
+    analysis: reading the trace into a problem; solve: every min cut and knapsack, wherever it
+    runs; rewrite: building the new trace (and verifying it); estimate: the step-peak estimates of
+    "auto" checkpoints; reemit: rebuilding changed fusion regions through their executors.
+    """
+
+    analysis_ms: float = 0.0
+    solve_ms: float = 0.0
+    rewrite_ms: float = 0.0
+    estimate_ms: float = 0.0
+    reemit_ms: float = 0.0
+
+    @property
+    def total_ms(self) -> float:
+        return sum(getattr(self, f.name) for f in fields(self))
+
+    def stage(self, name: str) -> _Stage:
+        """A context manager adding the time spent in its block to ``<name>_ms``."""
+        if f"{name}_ms" not in {f.name for f in fields(self)}:
+            raise ValueError(f"Timings has no stage {name!r}")
+        return _Stage(self, f"{name}_ms")
+
+    def as_dict(self) -> dict[str, float]:
+        """Stage name -> milliseconds, every stage."""
+        return {f.name.removesuffix("_ms"): getattr(self, f.name) for f in fields(self)}
+
+
+class _Stage:
+    def __init__(self, timings: Timings, attribute: str) -> None:
+        self.timings, self.attribute = timings, attribute
+
+    def __enter__(self):
+        self.start = time.perf_counter()
+
+    def __exit__(self, *exc):
+        elapsed = (time.perf_counter() - self.start) * 1e3
+        setattr(self.timings, self.attribute, getattr(self.timings, self.attribute) + elapsed)
+
+
+@dataclass
+class PassResult:
+    """What one pass did to one trace."""
+
+    #: the stages of ``Timings`` this pass has, in order
+    STAGES: ClassVar[tuple[str, ...]] = ("analysis", "solve", "rewrite")
+
+    trace: object
+    status: PassStatus = PassStatus.UNCHANGED
+    #: why the pass failed (``status`` FAILED), else None
+    failure: str | None = None
+    timings: Timings = field(default_factory=Timings)
+
+    def fail(self, trace, reason: str) -> None:
+        """Give up: keep ``trace`` (the one Thunder made) and say why."""
+        self.trace, self.status, self.failure = trace, PassStatus.FAILED, reason

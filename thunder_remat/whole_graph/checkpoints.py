@@ -1,0 +1,186 @@
+"""Backward checkpoints: which recomputed values the backward holds, and where the rest are made again.
+
+A plan far below the fastest recomputes most of the forward; recomputed once, at first use, all
+of it runs when the backward starts and every matmul output it makes stays alive until its
+layer's backward. A checkpoint level, anchored at the plan a larger budget would choose, holds
+that plan's values (recomputed, only while the backward runs) and recomputes the rest from them
+near their use, bringing the step's peak down to about the anchor plan's.
+
+``remat_checkpoint_budget`` names the anchors, or "auto" tries ``AUTO_ANCHORS`` and keeps the one
+whose copy schedule has the lowest estimated step peak (``peak``), if it gains enough.
+Plain records in, a ``CheckpointChoice`` out; the schedule is the rewrite's (no bound symbol is
+built for the candidates "auto" drops).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from thunder_remat.budget import Budget
+from thunder_remat.records import Timings
+from thunder_remat.trace_facts import forward_storages
+from thunder_remat.whole_graph.peak import estimate_schedule_peak
+from thunder_remat.whole_graph.planner import BudgetChoice, choose_plan, target_bytes
+from thunder_remat.whole_graph.problem import SaveProblem
+from thunder_remat.whole_graph.rewrite import CopySchedule, schedule_copies
+
+__all__ = ["AUTO_ANCHORS", "AUTO_MIN_GAIN", "AUTO_TIE", "Candidate", "CheckpointChoice", "backward_checkpoints",
+           "choose_anchor", "copy_schedule", "checkpointed_schedule"]
+
+#: "auto" tries the plans at these budget fractions as checkpoint anchors ...
+AUTO_ANCHORS = (0.1, 0.2, 0.3, 0.5, 0.7)
+#: ... and uses the best only if it lowers the estimated step peak by at least this fraction
+#: (see docs/benchmarks.md for the measurements behind it)
+AUTO_MIN_GAIN = 0.02
+#: The estimate is off by several percent against measured peaks, so anchors whose estimates lie
+#: within this fraction of the lowest count as tied; the tie goes to the largest anchor, whose
+#: rewrite recomputes least.
+AUTO_TIE = 0.03
+
+
+@dataclass(frozen=True)
+class CheckpointChoice:
+    """The copy schedule the rewrite builds, and the checkpoints behind it."""
+
+    schedule: CopySchedule
+    #: (anchor budget fraction, recomputed ops held) per level, outermost first; empty: none
+    levels: tuple[tuple[float, frozenset[int]], ...] = ()
+    #: "auto" only: estimated step peaks of the schedule chosen and of the one without checkpoints
+    peak_estimate: int | None = None
+    peak_estimate_without_checkpoints: int | None = None
+    #: "auto" only: the estimated step peak with each anchor chain tried (a tuple of fractions)
+    anchor_estimates: dict = field(default_factory=dict)
+
+
+def backward_checkpoints(problem: SaveProblem, choice: BudgetChoice, fractions) -> tuple[tuple[float, frozenset[int]], ...]:
+    """One level per budget in ``fractions``, nearest the chosen plan first, anchored at the plan
+    that budget would choose; a level is left out if its plan saves no more than the chosen one
+    or adds no op. With a second level, the backward holds the first anchor's values and
+    recomputes the second's from them where they are first needed, as the first anchor's own
+    backward would (see ``schedule_copies``).
+    """
+    if choice.frontier is None:
+        return ()
+    recomputed = set(choice.plan.recomputed)
+    covered = set(choice.plan.saved)
+    levels = []
+    for fraction in sorted(fractions):
+        if target_bytes(choice.frontier, Budget.fraction(fraction)) <= choice.plan.saved_bytes:
+            # every plan that budget may choose saves no more than the chosen one (a fraction's
+            # target is never below the smallest plan, so it always has a plan that fits)
+            continue
+        anchor = choose_plan(choice.frontier, Budget.fraction(fraction)).plan
+        if anchor.saved_bytes <= choice.plan.saved_bytes:
+            continue
+        held = set(anchor.saved) - covered
+        covered |= held
+        level = frozenset(op.index for op in problem.ops if op.index in recomputed and held.intersection(op.outputs))
+        if level:
+            levels.append((float(fraction), level))
+    return tuple(levels)
+
+
+def copy_schedule(trace, problem: SaveProblem, plan, window, checkpoints=()) -> CopySchedule:
+    """Where the backward makes each recomputed value again, holding ``checkpoints`` (op sets)."""
+    # Re-gathers (FSDP ZeRO-3) are recomputed by rule but are collectives: never issued twice.
+    held = frozenset().union(*checkpoints)
+    cheap = frozenset(op.index for op in problem.ops
+                      if op.soft_ban is None and op.hard_ban is None and not op.collective) - held
+    recomputed = set(plan.recomputed)
+    segments = frozenset(op.index for op in problem.ops if op.index in recomputed and not op.collective
+                         and op.index not in held and op.index not in cheap)
+    return schedule_copies(trace, plan.recomputed, window=window, cheap=cheap, checkpoints=checkpoints,
+                           segments=segments)
+
+
+@dataclass
+class Candidate:
+    """One checkpoint setting tried by "auto": its anchor chain, levels and estimated step peak;
+    its copy schedule is kept only while it can still be chosen."""
+
+    chain: tuple
+    levels: tuple
+    peak: int
+    schedule: object = None
+
+
+def choose_anchor(plain_peak: int, candidates):
+    """The "auto" rule: of the candidates whose estimated peak is at least ``AUTO_MIN_GAIN`` below
+    the rewrite without checkpoints, those within ``AUTO_TIE`` of the lowest tie, and the tie
+    goes to the last (the largest anchor, which recomputes least). None if none gains enough.
+    Only candidates that pass the minimum gain on their own take part in the tie."""
+    qualifying = [c for c in candidates if c.peak <= (1.0 - AUTO_MIN_GAIN) * plain_peak]
+    if not qualifying:
+        return None
+    lowest = min(c.peak for c in qualifying)
+    return [c for c in qualifying if c.peak <= (1.0 + AUTO_TIE) * lowest][-1]
+
+
+def checkpointed_schedule(trace, problem: SaveProblem, choice: BudgetChoice, *, window, setting,
+                          timings: Timings) -> CheckpointChoice:
+    """The copy schedule with the checkpoints ``setting`` asks for (``remat_checkpoint_budget``:
+    False, a fraction or tuple of fractions, or "auto"); time goes to ``timings``."""
+    def schedule(checkpoints=()):
+        with timings.stage("rewrite"):
+            return copy_schedule(trace, problem, choice.plan, window, checkpoints)
+
+    if window is None or setting is False or choice.frontier is None:
+        return CheckpointChoice(schedule())
+    if setting != "auto":
+        with timings.stage("solve"):
+            levels = backward_checkpoints(problem, choice, setting if isinstance(setting, tuple) else (setting,))
+        return CheckpointChoice(schedule(tuple(ops for _, ops in levels)), levels)
+    ops = {op.index: op for op in problem.ops}
+    plain = schedule()
+    if not any(ops[i].soft_ban for i in choice.plan.recomputed):
+        return CheckpointChoice(plain)  # only cheap ops recomputed: the window alone bounds what is held
+    with timings.stage("estimate"):
+        storages = forward_storages(trace, with_backward=True)  # shared by every estimate
+        plain_peak = estimate_schedule_peak(plain, storages)
+    estimates = {}
+    seen = set()
+
+    def attempt(chain) -> Candidate | None:
+        with timings.stage("solve"):
+            levels = backward_checkpoints(problem, choice, chain)
+        held = tuple(ops for _, ops in levels)
+        if not held or held in seen:
+            return None
+        seen.add(held)
+        candidate_schedule = schedule(held)
+        with timings.stage("estimate"):
+            peak = estimate_schedule_peak(candidate_schedule, storages)
+        estimates[chain] = peak
+        return Candidate(chain, levels, peak, candidate_schedule)
+
+    singles = []
+    for fraction in AUTO_ANCHORS:
+        candidate = attempt((fraction,))
+        if candidate is None:
+            continue
+        singles.append(candidate)
+        _let_go(plain_peak, singles)
+    best = choose_anchor(plain_peak, singles)
+    if best is None:
+        return CheckpointChoice(plain, (), plain_peak, plain_peak, estimates)
+    # Nest: hold the nearest anchor's values (the smallest anchor that gives another rewrite) and
+    # recompute the chosen anchor's from them, as the nearest plan's own backward would; kept if
+    # that lowers the estimate by AUTO_MIN_GAIN. (On the built-in models the nearest was also the
+    # best of all nearer anchors, for one rewrite instead of up to four.)
+    for fraction in (f for f in AUTO_ANCHORS if f < best.chain[0]):
+        nested = attempt((fraction, *best.chain))
+        if nested is not None:
+            if nested.peak <= (1.0 - AUTO_MIN_GAIN) * best.peak:
+                best = nested
+            break
+    return CheckpointChoice(best.schedule, best.levels, best.peak, plain_peak, estimates)
+
+
+def _let_go(plain_peak: int, candidates) -> None:
+    """Drop the schedules of candidates that can no longer be chosen: those short of the minimum
+    gain, and those above the tie band of the lowest so far (the lowest only falls)."""
+    limit = (1.0 - AUTO_MIN_GAIN) * plain_peak
+    lowest = min((c.peak for c in candidates if c.peak <= limit), default=None)
+    for c in candidates:
+        if lowest is None or c.peak > limit or c.peak > (1.0 + AUTO_TIE) * lowest:
+            c.schedule = None

@@ -1,0 +1,192 @@
+"""The whole-graph pass: choose what the forward saves for backward, under a memory budget.
+
+analysis (``analysis``: trace -> ``SaveProblem``) -> solve (``planner``: problem -> ``BudgetChoice``)
+-> checkpoints (``checkpoints``: where the backward makes values again) -> rewrite (``rewrite``:
+schedule -> trace), on the joint forward+backward trace before fusion. If any stage fails, the
+trace is left as Thunder made it and a warning says why: a wrong result is never an option.
+"""
+
+from __future__ import annotations
+
+import logging
+import warnings
+from dataclasses import dataclass, field
+from typing import ClassVar
+
+from thunder_remat.records import PassResult, PassStatus
+from thunder_remat.verify import verify
+from thunder_remat.whole_graph.analysis import build_save_problem
+from thunder_remat.whole_graph.checkpoints import checkpointed_schedule
+from thunder_remat.whole_graph.planner import (BudgetChoice, Frontier, build_frontier, choose_fastest, choose_plan,
+                                               is_fastest_budget)
+from thunder_remat.whole_graph.problem import SaveProblem, with_measured_costs
+from thunder_remat.whole_graph.rewrite import build
+from thunder_remat.whole_graph.zero3 import prefetch_regathers
+
+__all__ = ["SavePassResult", "plan_saved_values", "BudgetInfeasibleWarning"]
+
+log = logging.getLogger(__name__)
+
+
+class BudgetInfeasibleWarning(UserWarning):
+    """The memory budget is below what the smallest plan can save; the smallest plan is used."""
+
+
+@dataclass
+class SavePassResult(PassResult):
+    """What the whole-graph pass chose (``PassResult``: status, failure, timings)."""
+
+    STAGES: ClassVar[tuple[str, ...]] = ("analysis", "solve", "rewrite", "estimate")
+
+    problem: SaveProblem | None = None
+    choice: BudgetChoice | None = None
+    budget: tuple | None = None
+    solver: str = "dp"
+    #: the forward op of every recomputed copy the rewrite made, in order (with a reuse window, cheap
+    #: ops recomputed again for a far use appear more than once)
+    copied_ops: tuple[int, ...] = ()
+    #: recomputed ops whose outputs the backward holds as checkpoints (see remat_checkpoint_budget),
+    #: one tuple per level, outermost (held from the start of the backward) first
+    checkpoint_levels: tuple[tuple[int, ...], ...] = ()
+    #: the budget fractions whose plans anchored the checkpoints, one per level, nearest the chosen
+    #: plan first (empty: no checkpoints)
+    checkpoint_anchors: tuple[float, ...] = ()
+    #: with remat_checkpoint_budget="auto": the estimated step peak (whole_graph.peak) of the rewrite
+    #: used and of the one without checkpoints, in bytes (None when not estimated)
+    peak_estimate: int | None = None
+    peak_estimate_without_checkpoints: int | None = None
+    #: with "auto": the estimated step peak with each anchor chain tried (a tuple of budget fractions)
+    anchor_estimates: dict = field(default_factory=dict)
+    _frontier: Frontier | None = field(default=None, repr=False, compare=False)
+
+    @property
+    def checkpoint_ops(self) -> tuple[int, ...]:
+        """Every checkpoint op, of all levels."""
+        return tuple(sorted(i for level in self.checkpoint_levels for i in level))
+
+    @property
+    def checkpoint_anchor(self) -> float | None:
+        """The nearest anchor (the outermost checkpoint level), or None without checkpoints."""
+        return self.checkpoint_anchors[0] if self.checkpoint_anchors else None
+
+    @property
+    def copies(self) -> int:
+        return len(self.copied_ops)
+
+    @property
+    def rewritten_cost(self) -> float:
+        """Estimated cost of every copy made (the plan's estimate counts each op once)."""
+        costs = {op.index: op.cost for op in self.problem.ops} if self.problem else {}
+        return float(sum(costs[i] for i in self.copied_ops))
+
+    def frontier(self) -> Frontier:
+        """The Pareto frontier of plans: the one the budget chose from, or (budget 1.0 needs none)
+        one solved on this call and kept with the result."""
+        if self.choice is None:
+            raise ValueError("the whole-graph pass did not produce a plan" + (f": {self.failure}" if self.failure else ""))
+        if self.choice.frontier is not None:
+            return self.choice.frontier
+        if self._frontier is None:
+            self._frontier = build_frontier(self.problem, self.solver)
+        return self._frontier
+
+    def provenance(self) -> str:
+        if self.status is PassStatus.FAILED:
+            return f"thunder_remat whole-graph save planning failed and was skipped: {self.failure}"
+        plan = self.choice.plan
+        budget = "none" if self.budget is None else f"{self.budget[0]} {self.budget[1]:g}"
+        text = (
+            f"thunder_remat whole-graph save planning (took {self.timings.total_ms:.1f} ms; "
+            f"budget {budget}"
+        )
+        if self.choice.target_bytes is not None:
+            text += f" = {self.choice.target_bytes} B"
+        text += (
+            f"; saves {plan.saved_bytes} B of activations (storage bytes); "
+            f"{len(plan.recomputed)} forward ops recomputed in backward, est. {plan.recompute_cost:.3g} "
+            f"{self.problem.cost_unit}"
+        )
+        if self.copies > len(plan.recomputed):
+            text += (f"; {self.copies} copies made, {self.copies - len(plan.recomputed)} of them for far uses, "
+                     f"est. {self.rewritten_cost:.3g} {self.problem.cost_unit} in all")
+        if self.checkpoint_ops:
+            text += (f"; backward recomputes from {len(self.checkpoint_ops)} checkpoint ops "
+                     f"(anchored at budget {', '.join(f'{a:g}' for a in self.checkpoint_anchors)})")
+        if self.peak_estimate is not None and self.peak_estimate_without_checkpoints is not None:
+            text += (f"; est. step peak {self.peak_estimate} B "
+                     f"({self.peak_estimate_without_checkpoints} B without checkpoints)")
+        if not self.choice.feasible:
+            text += "; budget infeasible, smallest plan used"
+        return text + ")"
+
+
+def _measure(trace, problem: SaveProblem) -> dict[int, float]:
+    """Time the forward ops the plan may recompute (not the banned ones, not the free views)."""
+    from thunder_remat.executors.op_timing import time_ops
+
+    candidates = {op.index: trace.bound_symbols[op.index] for op in problem.ops if op.hard_ban is None and op.cost > 0}
+    return time_ops(candidates)
+
+
+def plan_saved_values(trace, config, *, zero3: bool = False) -> SavePassResult:
+    """Solve and rewrite ``trace`` (a joint trace) according to ``config``; never raises for a bad trace.
+
+    ``zero3``: the trace comes from FSDP ZeRO-3 and ``config.fsdp_regather`` is on: gathered
+    parameters are re-gathered in the backward instead of saved.
+    """
+    result = SavePassResult(trace=trace, budget=config.budget, solver=config.solver)
+    timings = result.timings
+    try:
+        with timings.stage("analysis"):
+            regather = zero3 and config.fsdp_regather
+            problem = build_save_problem(trace, config.policies, regather_params=regather)
+            if config.cost_model == "measured":
+                problem = with_measured_costs(problem, _measure(trace, problem))
+            result.problem = problem
+        with timings.stage("solve"):
+            if is_fastest_budget(config.budget):
+                choice = choose_fastest(problem, config.budget)
+            else:
+                choice = choose_plan(build_frontier(problem, config.solver), config.budget)
+            result.choice = choice
+        checkpoints = checkpointed_schedule(trace, problem, choice, window=config.recompute_window or None,
+                                            setting=config.checkpoint_budget, timings=timings)
+        _record_checkpoints(result, checkpoints)
+        result.copied_ops = tuple(checkpoints.schedule.emitted)
+        with timings.stage("rewrite"):
+            new = build(checkpoints.schedule)
+            if regather:
+                new = prefetch_regathers(new, config.fsdp_prefetch)
+            if config.verify:
+                replayed = {op.op for op in problem.ops if op.force_recompute} if regather else set()
+                verify(trace, new, saved=choice.plan.saved, saved_bytes=choice.plan.saved_bytes, replayed=replayed,
+                       raise_on_error=True)
+        result.trace = new
+        result.status = PassStatus.REWRITTEN if result.copied_ops else PassStatus.UNCHANGED
+    except Exception as exc:  # containment: leave the trace as Thunder made it
+        result.fail(trace, f"{type(exc).__name__}: {exc}")
+        warnings.warn(
+            f"thunder_remat: whole-graph save planning failed ({result.failure}); "
+            "the forward saves what Thunder chose",
+            stacklevel=2,
+        )
+        log.debug("whole-graph save planning failed", exc_info=True)
+        return result
+    if not choice.feasible:
+        warnings.warn(
+            f"thunder_remat: remat_memory_budget {config.memory_budget!r} asks for at most "
+            f"{choice.target_bytes} B of saved activations, but the smallest plan saves "
+            f"{choice.plan.saved_bytes} B; using the smallest plan",
+            BudgetInfeasibleWarning,
+            stacklevel=2,
+        )
+    log.info("%s", result.provenance())
+    return result
+
+
+def _record_checkpoints(result: SavePassResult, checkpoints) -> None:
+    result.checkpoint_anchors = tuple(fraction for fraction, _ in checkpoints.levels)
+    result.checkpoint_levels = tuple(tuple(sorted(ops)) for _, ops in checkpoints.levels)
+    result.peak_estimate = checkpoints.peak_estimate
+    result.peak_estimate_without_checkpoints = checkpoints.peak_estimate_without_checkpoints
+    result.anchor_estimates = dict(checkpoints.anchor_estimates)
