@@ -34,6 +34,30 @@ def run(fn, args, *, executors, seed=None, **options) -> Run:
     return Run(jitted, tuple(o.detach() for o in outs), grads, saved.nbytes, saved.count)
 
 
+@dataclass
+class Step:
+    jitted: object
+    out: object
+    grads: list
+    saved: object
+    model: object
+
+
+def train_built_in(name: str, *, executors, dropout=None, seed=None, **options) -> Step:
+    """One training step of a built-in model at its tiny size: jit, forward (measuring what it
+    saves), backward of the mean square of its output. The one harness the jit tests share."""
+    from thunder_remat.models import build_model, example_batch
+
+    model = build_model(name, "tiny", dropout=dropout)
+    x = example_batch(model)
+    jm = thunder.jit(model, executors=list(executors), **options)
+    if seed is not None:
+        torch.manual_seed(seed)
+    out, saved = saved_for_backward(jm, x)
+    out.float().pow(2).mean().backward()
+    return Step(jm, out.detach(), [p.grad.clone() for p in model.parameters()], saved, model)
+
+
 def assert_same_numbers(a: Run, b: Run, *, exact: bool = False) -> None:
     for x, y in zip(a.outputs + a.grads, b.outputs + b.grads):
         if exact:

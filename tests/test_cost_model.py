@@ -10,20 +10,16 @@ import torch
 import thunder_remat
 import thunder_remat.executors.op_timing as op_timing
 from thunder_remat.executors.eager import eager_fusion_ex
-from thunder_remat.inspect.measure import saved_for_backward
-from thunder_remat.models import build_model, example_batch
+from thunder_remat.models import example_batch
 from thunder_remat.whole_graph.problem import ForwardOp, ForwardValue, SaveProblem, with_measured_costs
+from helpers import train_built_in
 
 pytestmark = pytest.mark.jit
 
 
 def train(budget, **options):
-    model = build_model("gpt", "tiny")
-    x = example_batch(model)
-    jm = thunder.jit(model, executors=[eager_fusion_ex], remat=True, remat_memory_budget=budget, **options)
-    out, saved = saved_for_backward(jm, x)
-    out.float().pow(2).mean().backward()
-    return jm, [p.grad.clone() for p in model.parameters()], saved, model
+    step = train_built_in("gpt", executors=[eager_fusion_ex], remat=True, remat_memory_budget=budget, **options)
+    return step.jitted, step.grads, step.saved, step.model
 
 
 @pytest.fixture(scope="module")

@@ -10,20 +10,15 @@ import thunder
 import torch
 from thunder.executors.torch_compile import torch_compile_ex
 
-from helpers import last_pairs
-from thunder_remat.inspect.measure import saved_for_backward
+from helpers import last_pairs, train_built_in
 from thunder_remat.models import build_model, example_batch
 
 pytestmark = [pytest.mark.jit, pytest.mark.inductor]
 
 
 def train_step(name, **options):
-    model = build_model(name, "tiny")
-    x = example_batch(model)
-    jm = thunder.jit(model, executors=[torch_compile_ex], **options)
-    out, saved = saved_for_backward(jm, x)
-    out.float().pow(2).mean().backward()
-    return jm, out.detach(), [p.grad.clone() for p in model.parameters()], saved
+    step = train_built_in(name, executors=[torch_compile_ex], **options)
+    return step.jitted, step.out, step.grads, step.saved
 
 
 @pytest.fixture(scope="module", params=["mlp", "gpt", "llama"])

@@ -8,17 +8,16 @@ import thunder
 
 import thunder_remat
 from thunder_remat.executors.eager import eager_fusion_ex, make_eager_executor
-from thunder_remat.inspect.measure import saved_for_backward
 from thunder_remat.models import build_model, example_batch
+from helpers import train_built_in
 
 pytestmark = pytest.mark.jit
 
 
 def jit_and_run(name, **options):
-    model = build_model(name, "tiny", dropout=0.1 if name == "gpt" else None)
-    jm = thunder.jit(model, executors=[eager_fusion_ex], remat=True, **options)
-    _, saved = saved_for_backward(jm, example_batch(model))
-    return jm, saved
+    step = train_built_in(name, executors=[eager_fusion_ex], dropout=0.1 if name == "gpt" else None, remat=True,
+                          **options)
+    return step.jitted, step.saved
 
 
 @pytest.mark.parametrize("name,budget", [("gpt", 1.0), ("gpt", 0.3), ("llama", 0.5), ("mlp", 1.0)])

@@ -14,9 +14,9 @@ import torch
 
 import thunder_remat
 from thunder_remat.executors.eager import eager_fusion_ex
-from thunder_remat.inspect.measure import saved_for_backward
 from thunder_remat.models import build_model, example_batch
 from thunder_remat.whole_graph.run import BudgetInfeasibleWarning
+from helpers import train_built_in
 
 pytestmark = pytest.mark.jit
 
@@ -24,13 +24,8 @@ BUDGETS = (1.0, 0.5, 0.0)
 
 
 def train_step(name, dropout, **options):
-    model = build_model(name, "tiny", dropout=dropout)
-    x = example_batch(model)
-    jm = thunder.jit(model, executors=[eager_fusion_ex], **options)
-    torch.manual_seed(1234)
-    out, saved = saved_for_backward(jm, x)
-    out.float().pow(2).mean().backward()
-    return jm, out.detach(), [p.grad.clone() for p in model.parameters()], saved
+    step = train_built_in(name, executors=[eager_fusion_ex], dropout=dropout, seed=1234, **options)
+    return step.jitted, step.out, step.grads, step.saved
 
 
 # Only the GPT model has dropout layers.

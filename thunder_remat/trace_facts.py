@@ -20,7 +20,7 @@ from thunder_remat.storage import StorageMap, storage_map
 
 __all__ = ["collective_name", "is_backward", "is_backward_region", "reads_forward_values", "is_joint_trace",
            "split_joint", "ThunderSplit", "thunder_split", "forward_storages", "STALE_WRITE",
-           "in_place_destination", "TagReader", "op_tags", "op_facts"]
+           "in_place_destination", "in_place_writes", "TagReader", "op_tags", "op_facts"]
 
 _COLLECTIVE_NAMES = frozenset({"all_gather", "all_reduce", "reduce_scatter", "broadcast", "wait", "synchronize",
                                "pack_for_fsdp", "unpack_for_fsdp", "update_bucket_view"})
@@ -163,6 +163,28 @@ def in_place_destination(bsym):
     if bsym.sym.name == "copy_with_setitem" or prims.OpTags.IN_PLACE in (bsym.sym.tags or ()):
         return bsym.args[0] if bsym.args else None
     return None
+
+
+def in_place_writes(bsyms, storages: StorageMap):
+    """Walk ``bsyms`` in order (a fusion region through its body) and yield ``(op, overwritten)``
+    for every op: the values of the storage ``op`` writes in place that were made since that
+    storage's previous write (empty for an op that writes nothing). Those values now read the new
+    data; a value made (again) after the write is fresh."""
+    made_on: dict[str, set[str]] = {}
+    for bsym in _ops(bsyms):
+        destination = getattr(in_place_destination(bsym), "name", None)
+        overwritten = made_on.pop(storages.owner_of(destination), set()) if destination is not None else set()
+        yield bsym, overwritten
+        for p in bsym.flat_proxy_outs:
+            made_on.setdefault(storages.owner_of(p.name), set()).add(p.name)
+
+
+def _ops(bsyms):
+    for bsym in bsyms:
+        if bsym.sym.is_fusion:
+            yield from _ops(bsym.subsymbols)
+        else:
+            yield bsym
 
 
 #: tags that say what an op is as a whole, read from the op and its direct decomposition only: a

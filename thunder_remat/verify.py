@@ -26,7 +26,7 @@ from thunder.core.pytree import tree_flatten
 
 from thunder_remat.policies import REPLAYABLE_RANDOM_OPS, STRUCTURAL_HARD_BANS
 from thunder_remat.storage import storage_map
-from thunder_remat.trace_facts import TagReader, forward_storages, in_place_destination, thunder_split
+from thunder_remat.trace_facts import TagReader, forward_storages, in_place_destination, in_place_writes, thunder_split
 
 __all__ = ["VerificationError", "verify", "region_problems"]
 
@@ -70,27 +70,13 @@ def _stale_reads(trace) -> set[tuple[str, str]]:
         return set()
     storages = storage_map(trace.bound_symbols, [p for p in tree_flatten((trace.args, trace.kwargs))[0]
                                                  if isinstance(p, Proxy)])
-    made_on: dict[str, set[str]] = {}
     stale: set[str] = set()
     found: set[tuple[str, str]] = set()
-
-    def visit(bsym) -> None:
-        if bsym.sym.is_fusion:
-            for sub in bsym.subsymbols:
-                visit(sub)
-            return
+    for bsym, overwritten in in_place_writes(trace.bound_symbols, storages):
         if bsym.sym.name not in _BOOKKEEPING:
             found.update((bsym.sym.name, n) for n in _names((bsym.args, bsym.kwargs)) if n in stale)
-        destination = getattr(in_place_destination(bsym), "name", None)
-        if destination is not None:
-            owner = storages.owner_of(destination)
-            stale.update(made_on.pop(owner, ()))
-        for n in _names(bsym.output):  # made (again: a region recomputing it) after the write
-            stale.discard(n)
-            made_on.setdefault(storages.owner_of(n), set()).add(n)
-
-    for bsym in trace.bound_symbols:
-        visit(bsym)
+        stale |= overwritten
+        stale.difference_update(_names(bsym.output))  # made (again: a region recomputing it) after the write
     return found
 
 

@@ -9,11 +9,9 @@ from __future__ import annotations
 from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass
 
-from thunder.core.prims import OpTags
-from thunder.core.symbol import has_tags
-
 from thunder_remat.cost import value_bytes
 from thunder_remat.pairs.solve import PairPlan
+from thunder_remat.trace_facts import TagReader
 from thunder_remat.verify import region_problems
 
 __all__ = ["RewriteError", "RewrittenPair", "rewrite_pair", "check_region_closed"]
@@ -34,7 +32,9 @@ class RewrittenPair:
     recomputed: tuple[str, ...]
 
 
-_NEVER_DROP = {OpTags.DONT_DCE, OpTags.IN_PLACE, OpTags.RANDOM_OP}
+#: ops a region keeps although nothing reads their outputs (they have effects, or must not be
+#: dropped): tag names as ``TagReader`` reads them
+_NEVER_DROP = frozenset({"DONT_DCE", "IN_PLACE", "RANDOM_OP"})
 
 
 def rewrite_pair(producer, consumer, plan: PairPlan, *, external_outputs: Collection[str], pinned: Collection[str],
@@ -119,9 +119,10 @@ def _live_subsymbols(subsymbols, outputs: Collection[str]) -> tuple:
     """Drop body ops whose results nothing in ``outputs`` depends on (ops with effects stay)."""
     live = set(outputs)
     kept = []
+    tags_of = TagReader()
     for bsym in reversed(subsymbols):
         outs = {p.name for p in bsym.flat_proxy_outs}
-        if outs & live or not outs or has_tags(bsym, _NEVER_DROP):
+        if outs & live or not outs or tags_of(bsym) & _NEVER_DROP:
             kept.append(bsym)
             live.update(p.name for p in bsym.flat_proxy_args)
     return tuple(reversed(kept))

@@ -12,8 +12,9 @@ from dataclasses import replace
 
 from thunder_remat.cost import op_flops, value_bytes
 from thunder_remat.policies import Judgement, judge_op
-from thunder_remat.trace_facts import (STALE_WRITE, collective_name, forward_storages, in_place_destination, is_backward,
-                                       op_facts, op_tags, reads_forward_values, split_joint, thunder_split)
+from thunder_remat.trace_facts import (STALE_WRITE, collective_name, forward_storages, in_place_destination,
+                                       in_place_writes, is_backward, op_facts, op_tags, reads_forward_values, split_joint,
+                                       thunder_split)
 from thunder_remat.whole_graph.problem import ForwardOp, ForwardValue, SaveProblem
 from thunder_remat.whole_graph.zero3 import REGATHER, regathered_ops
 
@@ -66,18 +67,14 @@ def build_save_problem(trace, policies, *, regather_params: bool = False) -> Sav
         if hasattr(p, "name"):
             add_value(p, True)
 
-    # storage owner -> forward values of it made so far: a write overwrites them all
-    made_on: dict[str, set[str]] = {}
     overwritten: set[str] = set()
-    for i, bsym in forward:
+    writes = in_place_writes([bsym for _, bsym in forward], storages)
+    for (i, bsym), (_, stale) in zip(forward, writes):
+        overwritten |= stale
         destination = getattr(in_place_destination(bsym), "name", None)
-        if destination in problem.values:
-            overwritten.update(made_on.get(storages.owner_of(destination), ()))
-        else:
+        if destination not in problem.values:
             destination = None
         outs = [p for p in bsym.flat_proxy_outs if p.name not in problem.values]
-        for p in outs:
-            made_on.setdefault(storages.owner_of(p.name), set()).add(p.name)
         if not outs:
             continue
         reads = [p for p in bsym.flat_proxy_args if p.name in problem.values]
