@@ -68,7 +68,7 @@ def test_rewrite_golden_and_verified(budget):
     trace, _ = chain_joint_trace()
     result = plan_saved_values(trace, RematConfig(memory_budget=budget))
     assert result.status is PassStatus.REWRITTEN and result.failure is None
-    check_golden(f"stage_whole_graph_chain_{budget:g}", describe(result.trace))
+    check_golden(f"stage_whole_graph_chain_{budget:g}", f"# before\n{describe(trace)}# after\n{describe(result.trace)}")
     plan = result.choice.plan
     assert verify(trace, result.trace, saved=plan.saved, saved_bytes=plan.saved_bytes) == []
     assert result.timings.total_ms == pytest.approx(sum(result.timings.as_dict().values()))
@@ -164,7 +164,7 @@ def test_pair_pass_golden_records_and_verified():
     # the consumer is handed x instead of exp(x) (as large), and the sum's 16 B as before
     assert record.bytes_before == record.bytes_after == F32_4x16 + 16
     assert set(record.handed_over) == {"x", v["s"].name}
-    check_golden("stage_pairs_reduction", describe(result.trace))
+    check_golden("stage_pairs_reduction", f"# before\n{describe(regions)}# after\n{describe(result.trace)}")
     assert verify(regions, result.trace) == []
     assert set(result.STAGES) == {"analysis", "solve", "rewrite", "reemit"}
 
