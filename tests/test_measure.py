@@ -38,6 +38,7 @@ def test_held_tensors_and_their_views_are_not_counted():
     assert step_peak_memory(step).peak_bytes == 4000 + 400
 
 
+@pytest.mark.slow
 def test_remat_lowers_the_peak_of_a_training_step():
     """Thunder's torch executor frees each intermediate after its last use, so the step peak
     follows what the forward keeps for backward."""
@@ -75,6 +76,7 @@ def _measured_and_estimated(executors, **options):
     return measured, estimate_peak_bytes(trace), trace
 
 
+@pytest.mark.slow
 def test_the_static_peak_estimate_ranks_rewrites_like_the_measured_peak():
     """thunder_remat.whole_graph.peak walks the rewritten joint trace; it must order plans as the
     measured step peak (Thunder's torch executor) does, and land near it."""

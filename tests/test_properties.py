@@ -17,6 +17,7 @@ CI = settings(max_examples=12, deadline=None, derandomize=True, database=None, p
               suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 
 
+@pytest.mark.slow
 @CI
 @given(program=programs())
 def test_random_programs_light_executor(program):

@@ -37,6 +37,7 @@ def runs(request):
     return name, dropout, base, by_budget
 
 
+@pytest.mark.slow
 def test_outputs_bit_identical_and_gradients_equal(runs):
     _, _, (_, out0, grads0, _), by_budget = runs
     for b, (_, out, grads, _) in by_budget.items():
@@ -349,6 +350,7 @@ def test_nested_checkpoints_recompute_the_outer_level_from_the_inner(monkeypatch
         torch.testing.assert_close(g, g0, atol=1e-5, rtol=1e-4)
 
 
+@pytest.mark.slow
 def test_auto_checkpoints_take_the_anchor_with_the_lowest_estimated_peak(monkeypatch):
     """The default ("auto") estimates the step peak of the rewrite without checkpoints and with each
     anchor; the lowest (up to AUTO_TIE, the largest anchor winning ties) is nested with nearer

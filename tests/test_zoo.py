@@ -1,6 +1,7 @@
 """Real model code (litgpt, transformers) through thunder_remat: gradients equal eager PyTorch and
 the storages really saved are exactly the bytes the plan promised (benchmarks/zoo.py runs them all)."""
 
+import gc
 import warnings
 from collections import Counter
 
@@ -17,8 +18,25 @@ pytestmark = pytest.mark.jit
 PYTHIA, BERT, LLAMA = "litgpt pythia-14m", "transformers BERT", "transformers Llama"
 
 
+@pytest.fixture(autouse=True)
+def no_collection_while_tracing():
+    """Once torch._dynamo is imported (earlier tests use torch.compile), it tags every module built
+    in a weak-keyed dict, and Thunder 0.2.6's interpreter iterates that dict when a traced forward
+    builds a module (transformers' Llama does): a garbage collection in between drops an entry and
+    the trace fails with "dictionary changed size during iteration" (seen once in a full run; the
+    test alone passes). Collected first, then paused for the test: a third-party race, not ours."""
+    gc.collect()
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
+
+
 def copy_bound(plan) -> int:
-    """No forward op is copied into the backward more often than this (recompute_rewrite)."""
+    """No forward op is copied into the backward more often than this (whole_graph.rewrite)."""
     from thunder_remat.whole_graph.rewrite import MAX_CHEAP_COPIES
 
     return max(MAX_CHEAP_COPIES, len(plan.checkpoint_levels) + 1)
@@ -43,6 +61,7 @@ CASES = [(name, executor) for name in (PYTHIA, BERT, LLAMA) for executor in ("ea
          if not (name == BERT and executor == "torchcompile")]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name,executor", [pytest.param(n, e, marks=_needs(n)) for n, e in CASES])
 def test_zoo_model_saves_what_its_plan_promised_and_trains_like_eager(references, name, executor):
     entry, ref = zoo_model(name), _reference(references, name)

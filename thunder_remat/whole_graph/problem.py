@@ -1,6 +1,6 @@
 """What the forward could save for backward, as plain data (no thunder import).
 
-The joint-trace analysis fills one ``SaveProblem``; the planner (``save_plan``) solves it. Each
+The analysis stage (``whole_graph.analysis``) fills one ``SaveProblem``; the planner (``whole_graph.planner``) solves it. Each
 forward operation is one ``ForwardOp``: the values it produces, the values it reads, what it
 would cost to run again, and whether (and why) it may not be recomputed in the backward.
 """
