@@ -8,16 +8,7 @@ import random
 import pytest
 
 from thunder_remat.solvers.split_network import Side, Terminal, ValueNode
-
-from thunder_remat.whole_graph.planner import (
-    SaveNetworks,
-    build_frontier,
-    build_save_network,
-    choose_fastest,
-    choose_plan,
-    gap_plans,
-    plan_with_bans,
-)
+from thunder_remat.whole_graph.planner import SaveNetworks, build_frontier, choose_fastest, choose_plan, gap_plans
 from thunder_remat.whole_graph.problem import ForwardOp, ForwardValue, SaveProblem
 from thunder_remat.solvers.maxflow import min_cut
 
@@ -120,12 +111,12 @@ def test_forced_recompute_is_never_saved():
     p = mlp_problem()
     p.ops[1] = ForwardOp(index=1, op="gelu", outputs=("g",), inputs=("h",), cost=32.0, force_recompute=True)
     p.needed_by_backward = ("g", "w2")
-    plan = plan_with_bans(p, {0, 2})
+    plan = SaveNetworks(p).plan({0, 2})
     assert "g" not in plan.saved and 1 in plan.recomputed
 
 
 def test_network_shape():
-    net = build_save_network(mlp_problem(), frozenset({0, 2}))
+    net = SaveNetworks(mlp_problem()).network({0, 2})
     assert net.labels[net.network.source] is Terminal.SOURCE and net.labels[net.network.sink] is Terminal.SINK
     assert all(net.labels[net.network.edges[e][0]] == ValueNode(name, Side.IN) for name, e in net.value_edge.items())
     assert set(net.value_edge) == {"x", "w", "w2", "h", "g", "o"}
@@ -217,7 +208,8 @@ def two_layer_problem() -> SaveProblem:
 def kept_ban_family(p: SaveProblem):
     """Second solver: the min cut for every subset of soft bans kept."""
     soft = [op.index for op in p.ops if op.soft_ban and not op.hard_ban]
-    return [plan_with_bans(p, set(kept)) for r in range(len(soft) + 1) for kept in itertools.combinations(soft, r)]
+    # a fresh network per subset: no capacities shared with the search it checks
+    return [SaveNetworks(p).plan(set(kept)) for r in range(len(soft) + 1) for kept in itertools.combinations(soft, r)]
 
 
 def without_gap_filling(frontier):

@@ -150,9 +150,9 @@ def test_infinite_cut_changes_nothing():
 
 def test_network_nodes_are_typed():
     net = build_network(chain_problem())
-    assert net.nodes[-2:] == (Terminal.SOURCE, Terminal.SINK)
-    assert net.nodes[net.network.source] is Terminal.SOURCE and net.nodes[net.network.sink] is Terminal.SINK
-    assert ValueNode("b", Side.OUT) in net.nodes
+    assert net.labels[-2:] == (Terminal.SOURCE, Terminal.SINK)
+    assert net.labels[net.network.source] is Terminal.SOURCE and net.labels[net.network.sink] is Terminal.SINK
+    assert ValueNode("b", Side.OUT) in net.labels
     assert net.network.num_nodes == 2 + 2 * 4
 
 

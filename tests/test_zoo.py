@@ -9,7 +9,7 @@ import pytest
 
 import thunder_remat
 from thunder_remat.executors import fusion_executor_by_name
-from thunder_remat.plugin import thunder_alone_saved_bytes
+from thunder_remat.plugin import _collector_paused, thunder_alone_saved_bytes
 from thunder_remat.whole_graph.run import BudgetInfeasibleWarning
 from thunder_remat.zoo import ZOO, available, eager_gradients, run_zoo_model, same_gradients, zoo_model
 
@@ -26,13 +26,8 @@ def no_collection_while_tracing():
     the trace fails with "dictionary changed size during iteration" (seen once in a full run; the
     test alone passes). Collected first, then paused for the test: a third-party race, not ours."""
     gc.collect()
-    was_enabled = gc.isenabled()
-    gc.disable()
-    try:
+    with _collector_paused():
         yield
-    finally:
-        if was_enabled:
-            gc.enable()
 
 
 def copy_bound(plan) -> int:

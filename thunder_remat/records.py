@@ -44,13 +44,16 @@ class Timings:
 
     def stage(self, name: str) -> _Stage:
         """A context manager adding the time spent in its block to ``<name>_ms``."""
-        if f"{name}_ms" not in {f.name for f in fields(self)}:
-            raise ValueError(f"Timings has no stage {name!r}")
+        if name not in _STAGE_NAMES:
+            raise ValueError(f"Timings has no stage {name!r}; stages are {sorted(_STAGE_NAMES)}")
         return _Stage(self, f"{name}_ms")
 
     def as_dict(self) -> dict[str, float]:
         """Stage name -> milliseconds, every stage."""
         return {f.name.removesuffix("_ms"): getattr(self, f.name) for f in fields(self)}
+
+
+_STAGE_NAMES = frozenset(f.name.removesuffix("_ms") for f in fields(Timings))
 
 
 class _Stage:

@@ -20,7 +20,7 @@ from thunder_remat.storage import StorageMap, storage_map
 
 __all__ = ["collective_name", "is_backward", "is_backward_region", "reads_forward_values", "is_joint_trace",
            "split_joint", "ThunderSplit", "thunder_split", "forward_storages", "STALE_WRITE",
-           "in_place_destination", "in_place_writes", "TagReader", "op_tags", "op_facts"]
+           "in_place_destination", "in_place_writes", "leaf_ops", "TagReader", "op_facts"]
 
 _COLLECTIVE_NAMES = frozenset({"all_gather", "all_reduce", "reduce_scatter", "broadcast", "wait", "synchronize",
                                "pack_for_fsdp", "unpack_for_fsdp", "update_bucket_view"})
@@ -171,7 +171,7 @@ def in_place_writes(bsyms, storages: StorageMap):
     storage's previous write (empty for an op that writes nothing). Those values now read the new
     data; a value made (again) after the write is fresh."""
     made_on: dict[str, set[str]] = {}
-    for bsym in _ops(bsyms):
+    for bsym in leaf_ops(bsyms):
         destination = getattr(in_place_destination(bsym), "name", None)
         overwritten = made_on.pop(storages.owner_of(destination), set()) if destination is not None else set()
         yield bsym, overwritten
@@ -179,10 +179,11 @@ def in_place_writes(bsyms, storages: StorageMap):
             made_on.setdefault(storages.owner_of(p.name), set()).add(p.name)
 
 
-def _ops(bsyms):
+def leaf_ops(bsyms):
+    """The ops of ``bsyms`` in order, a fusion region's body in place of the region."""
     for bsym in bsyms:
         if bsym.sym.is_fusion:
-            yield from _ops(bsym.subsymbols)
+            yield from leaf_ops(bsym.subsymbols)
         else:
             yield bsym
 
@@ -233,11 +234,6 @@ class TagReader:
         tags = frozenset(names)
         self._deep[id(bsym)] = (bsym, tags)
         return tags
-
-
-def op_tags(bsym) -> frozenset[str]:
-    """``TagReader()(bsym)``, for one op."""
-    return TagReader()(bsym)
 
 
 def op_facts(bsym, tags: frozenset[str], outputs, inputs) -> OpFacts:

@@ -26,7 +26,8 @@ from thunder.core.pytree import tree_flatten
 
 from thunder_remat.policies import REPLAYABLE_RANDOM_OPS, STRUCTURAL_HARD_BANS
 from thunder_remat.storage import storage_map
-from thunder_remat.trace_facts import TagReader, forward_storages, in_place_destination, in_place_writes, thunder_split
+from thunder_remat.trace_facts import (TagReader, forward_storages, in_place_destination, in_place_writes, leaf_ops,
+                                       thunder_split)
 
 __all__ = ["VerificationError", "verify", "region_problems"]
 
@@ -45,21 +46,14 @@ def _names(tree) -> list[str]:
     return [p.name for p in flat if isinstance(p, Proxy)]
 
 
-def _count_unsafe(bsym, counts: Counter, tags_of: TagReader) -> None:
-    if bsym.sym.is_fusion:
-        for sub in bsym.subsymbols:
-            _count_unsafe(sub, counts, tags_of)
-        return
-    tags = tags_of(bsym)
-    if ("RANDOM_OP" in tags and bsym.sym.name not in REPLAYABLE_RANDOM_OPS) or tags & STRUCTURAL_HARD_BANS.keys():
-        counts[bsym.sym.name] += 1
-
-
 def _unsafe_counts(trace) -> Counter:
+    """How often each op runs that may not run more often (regions read through their bodies)."""
     counts: Counter = Counter()
     tags_of = TagReader()
-    for bsym in trace.bound_symbols:
-        _count_unsafe(bsym, counts, tags_of)
+    for bsym in leaf_ops(trace.bound_symbols):
+        tags = tags_of(bsym)
+        if ("RANDOM_OP" in tags and bsym.sym.name not in REPLAYABLE_RANDOM_OPS) or tags & STRUCTURAL_HARD_BANS.keys():
+            counts[bsym.sym.name] += 1
     return counts
 
 

@@ -72,7 +72,7 @@ def _pair_dot(jitted, pair) -> str:
         record = records[names.index(pair)]
     else:
         raise ValueError(f"draw: pair must be an index or one of {names}, got {pair!r}")
-    labels = [_label(n) for n in record.network.nodes]
+    labels = [_label(n) for n in record.network.labels]
     return to_dot(record.network.network, labels, record.cut, f"fusion pair {names[records.index(record)]}")
 
 

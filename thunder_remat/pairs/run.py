@@ -22,7 +22,7 @@ from thunder_remat.pairs.analysis import build_pair_problem
 from thunder_remat.pairs.rewrite import rewrite_pair
 from thunder_remat.pairs.solve import solve_pair
 from thunder_remat.records import PassResult, PassStatus
-from thunder_remat.trace_facts import TagReader, in_place_destination, is_backward_region
+from thunder_remat.trace_facts import TagReader, in_place_destination, is_backward_region, leaf_ops
 
 __all__ = ["PairStatus", "PairRecord", "PairPassResult", "find_fusion_pairs", "rematerialize_fusion_pairs"]
 
@@ -55,7 +55,7 @@ class PairRecord:
     bytes_after: int = 0
     handed_over: tuple[str, ...] = ()
     recomputed: tuple[str, ...] = ()
-    #: the solved flow network (PairNetwork) and its CutResult, for drawings
+    #: the solved value network (``ValueNetwork``) and its CutResult, for drawings
     network: object = field(default=None, repr=False, compare=False)
     cut: object = field(default=None, repr=False, compare=False)
 
@@ -115,18 +115,10 @@ def _readers(bsyms) -> dict[str, set[int]]:
 def _written_in_place(bsyms) -> dict[str, int]:
     """How many in-place writes each value receives anywhere in the trace (as the destination)."""
     writes: dict[str, int] = defaultdict(int)
-
-    def visit(bsym) -> None:
-        if bsym.sym.is_fusion:
-            for sub in bsym.subsymbols:
-                visit(sub)
-            return
+    for bsym in leaf_ops(bsyms):
         name = getattr(in_place_destination(bsym), "name", None)
         if name is not None:
             writes[name] += 1
-
-    for bsym in bsyms:
-        visit(bsym)
     return dict(writes)
 
 

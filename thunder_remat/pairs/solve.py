@@ -14,19 +14,10 @@ from dataclasses import dataclass
 import numpy as np
 
 from thunder_remat.pairs.problem import PairProblem
-from thunder_remat.solvers.maxflow import CutResult, FlowNetwork, min_cut
-from thunder_remat.solvers.split_network import SplitNetwork
+from thunder_remat.solvers.maxflow import CutResult, min_cut
+from thunder_remat.solvers.split_network import SplitNetwork, ValueNetwork
 
-__all__ = ["PairNetwork", "PairPlan", "build_network", "plan_from_cut", "solve_pair", "value_capacity"]
-
-
-@dataclass(frozen=True)
-class PairNetwork:
-    """A flow network plus what every node stands for (``ValueNode`` or ``Terminal``)."""
-
-    network: FlowNetwork
-    nodes: tuple
-    split: SplitNetwork
+__all__ = ["PairPlan", "build_network", "plan_from_cut", "solve_pair", "value_capacity"]
 
 
 @dataclass(frozen=True)
@@ -70,7 +61,7 @@ def value_capacity(problem: PairProblem, name: str, size: int) -> float:
     return float(size)
 
 
-def build_network(problem: PairProblem) -> PairNetwork:
+def build_network(problem: PairProblem) -> ValueNetwork:
     split = SplitNetwork(problem.values)
     for name, size in zip(problem.values, problem.nbytes):
         split.value(name, value_capacity(problem, name, size))
@@ -84,18 +75,18 @@ def build_network(problem: PairProblem) -> PairNetwork:
         split.made_with(destination, written)
     for name in problem.needed:
         split.needed(name)
-    return PairNetwork(split.flow_network(), split.labels(), split)
+    return split.record()
 
 
-def plan_from_cut(problem: PairProblem, pair_network: PairNetwork, cut: CutResult) -> PairPlan:
-    decided = pair_network.split.decode(cut)
+def plan_from_cut(problem: PairProblem, pair_network: ValueNetwork, cut: CutResult) -> PairPlan:
+    decided = pair_network.decode(cut)
     transferred = tuple(problem.values[k] for k in np.flatnonzero(decided.crossing).tolist())
     recomputed = tuple(problem.values[k] for k in np.flatnonzero(decided.made_again).tolist()
                        if problem.values[k] not in problem.producer_inputs)
     return PairPlan(problem.producer, problem.consumer, cut.value, transferred, recomputed)
 
 
-def solve_pair(problem: PairProblem) -> tuple[PairNetwork, CutResult, PairPlan]:
+def solve_pair(problem: PairProblem) -> tuple[ValueNetwork, CutResult, PairPlan]:
     """Build, cut and interpret; an infinite cut means the pair cannot be changed."""
     pair_network = build_network(problem)
     cut = min_cut(pair_network.network)

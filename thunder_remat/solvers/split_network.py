@@ -22,7 +22,7 @@ import numpy as np
 
 from thunder_remat.solvers.maxflow import CutResult, CutSolver, FlowNetwork
 
-__all__ = ["Side", "Terminal", "ValueNode", "SplitNetwork", "SplitCut"]
+__all__ = ["Side", "Terminal", "ValueNode", "SplitNetwork", "SplitCut", "ValueNetwork"]
 
 
 class Side(enum.Enum):
@@ -52,6 +52,24 @@ class SplitCut:
     crossing: np.ndarray
     #: the other side makes the value again: its ``in`` node is on the sink side
     made_again: np.ndarray
+
+
+def _decode(num_values: int, cut: CutResult) -> SplitCut:
+    ins, outs = cut.source_mask[0:2 * num_values:2], cut.source_mask[1:2 * num_values:2]
+    return SplitCut(crossing=ins & ~outs, made_again=~ins)
+
+
+@dataclass(frozen=True)
+class ValueNetwork:
+    """One value network as plain data, the record both passes keep and draw: the flow network,
+    what each node stands for (``ValueNode`` or ``Terminal``, by id) and each value's edge."""
+
+    network: FlowNetwork
+    labels: tuple
+    value_edge: dict
+
+    def decode(self, cut: CutResult) -> SplitCut:
+        return _decode((self.network.num_nodes - 2) // 2, cut)
 
 
 class SplitNetwork:
@@ -113,15 +131,14 @@ class SplitNetwork:
             nodes += [ValueNode(name, Side.IN), ValueNode(name, Side.OUT)]
         return (*nodes, Terminal.SOURCE, Terminal.SINK)
 
-    def flow_network(self, capacities=None) -> FlowNetwork:
-        """The plain record, with the capacities given so far or ``capacities``."""
-        caps = self.capacities if capacities is None else capacities
-        return FlowNetwork(self.num_nodes, tuple(self.edges), tuple(float(c) for c in caps), self.source, self.sink)
+    def record(self) -> ValueNetwork:
+        """The plain record, with the capacities given so far."""
+        network = FlowNetwork(self.num_nodes, tuple(self.edges), tuple(float(c) for c in self.capacities),
+                              self.source, self.sink)
+        return ValueNetwork(network, self.labels(), dict(self.value_edge))
 
     def cut_solver(self) -> CutSolver:
         return CutSolver(self.num_nodes, self.edges, self.source, self.sink)
 
     def decode(self, cut: CutResult) -> SplitCut:
-        n = len(self.values)
-        ins, outs = cut.source_mask[0:2 * n:2], cut.source_mask[1:2 * n:2]
-        return SplitCut(crossing=ins & ~outs, made_again=~ins)
+        return _decode(len(self.values), cut)

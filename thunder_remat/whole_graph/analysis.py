@@ -12,8 +12,8 @@ from dataclasses import replace
 
 from thunder_remat.cost import op_flops, value_bytes
 from thunder_remat.policies import Judgement, judge_op
-from thunder_remat.trace_facts import (STALE_WRITE, collective_name, forward_storages, in_place_destination,
-                                       in_place_writes, is_backward, op_facts, op_tags, reads_forward_values, split_joint,
+from thunder_remat.trace_facts import (STALE_WRITE, TagReader, collective_name, forward_storages, in_place_destination,
+                                       in_place_writes, is_backward, op_facts, reads_forward_values, split_joint,
                                        thunder_split)
 from thunder_remat.whole_graph.problem import ForwardOp, ForwardValue, SaveProblem
 from thunder_remat.whole_graph.zero3 import REGATHER, regathered_ops
@@ -40,6 +40,7 @@ def build_save_problem(trace, policies, *, regather_params: bool = False) -> Sav
     constants: set[str] = set()
 
     storages = forward_storages(trace)
+    tags_of = TagReader()
     split = thunder_split(trace)
     in_forward = split.forward
 
@@ -80,7 +81,7 @@ def build_save_problem(trace, policies, *, regather_params: bool = False) -> Sav
         reads = [p for p in bsym.flat_proxy_args if p.name in problem.values]
         for p in outs:
             add_value(p, False)
-        names = op_tags(bsym)
+        names = tags_of(bsym)
         judgement = judge_op(op_facts(bsym, names, outs, reads), policies)
         if i in regather:
             judgement = Judgement(recompute=True, reasons=(REGATHER,))

@@ -40,14 +40,14 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from thunder_remat.solvers.split_network import SplitNetwork
+from thunder_remat.solvers.split_network import SplitNetwork, ValueNetwork
 from thunder_remat.whole_graph.problem import ForwardOp, SaveProblem
 from thunder_remat.budget import BudgetKind
 from thunder_remat.solvers.knapsack import solve_knapsack
 from thunder_remat.solvers.maxflow import CutResult, FlowNetwork, cut_from_source_side
 
-__all__ = ["SavePlan", "SaveNetwork", "SaveNetworks", "Frontier", "BudgetChoice", "build_save_network",
-           "plan_with_bans", "build_frontier", "gap_plans", "choose_plan", "choose_fastest", "is_fastest_budget"]
+__all__ = ["SavePlan", "SaveNetworks", "Frontier", "BudgetChoice", "build_frontier", "gap_plans", "choose_plan",
+           "choose_fastest", "is_fastest_budget"]
 
 log = logging.getLogger(__name__)
 
@@ -57,17 +57,6 @@ FRONTIER_STEPS = 16
 PRICE_STEPS = 24
 #: knapsack capacities tried inside the gap a budget falls in
 GAP_STEPS = 16
-
-
-@dataclass(frozen=True)
-class SaveNetwork:
-    """One flow network of a problem and what each of its nodes stands for."""
-
-    network: FlowNetwork
-    #: node index -> ``ValueNode`` (value name, side) or ``Terminal``
-    labels: tuple
-    #: edge index of each value's in -> out edge
-    value_edge: dict
 
 
 @dataclass(frozen=True)
@@ -268,14 +257,14 @@ class SaveNetworks:
             caps[self.tie_edges[~np.isin(self.tie_ops, kept)]] = math.inf
         return caps
 
-    def network(self, kept_bans, price: float = 0.0) -> SaveNetwork:
+    def network(self, kept_bans, price: float = 0.0) -> ValueNetwork:
         """The plain record of one network (for drawings and checks; ``plan`` needs none): the
         shared edges and the other edges this cut gives a capacity."""
         caps = self.capacities(kept_bans, price)
         used = np.flatnonzero((np.arange(len(caps)) < self.shared_edges) | (caps > 0)).tolist()
         network = FlowNetwork(len(self.labels), tuple(self.solver.edges[e] for e in used),
                               tuple(caps[used].tolist()), self.source, self.sink)
-        return SaveNetwork(network, self.labels, self.value_edge)
+        return ValueNetwork(network, self.labels, self.value_edge)
 
     def plan(self, kept_bans, price: float = 0.0) -> SavePlan:
         return self.plan_from_cut(self.solver.cut(self.capacities(kept_bans, price)), kept_bans, price)
@@ -304,20 +293,11 @@ class SaveNetworks:
             source_side=np.packbits(cut.source_mask).tobytes(),
         )
 
-    def cut_of(self, plan: SavePlan) -> tuple[SaveNetwork, CutResult]:
+    def cut_of(self, plan: SavePlan) -> tuple[ValueNetwork, CutResult]:
         """The network ``plan`` was solved on and its stored cut (``plan`` must come from here)."""
         network = self.network(plan.kept_bans, plan.price)
         mask = np.unpackbits(np.frombuffer(plan.source_side, dtype=np.uint8), count=len(self.labels)).astype(bool)
         return network, cut_from_source_side(network.network, mask)
-
-
-def build_save_network(problem: SaveProblem, kept_bans: frozenset[int], price: float = 0.0) -> SaveNetwork:
-    """The flow network for ``problem`` with ``kept_bans`` soft bans in force (see ``SaveNetworks``)."""
-    return SaveNetworks(problem).network(kept_bans, price)
-
-
-def plan_with_bans(problem: SaveProblem, kept_bans, price: float = 0.0) -> SavePlan:
-    return SaveNetworks(problem).plan(kept_bans, price)
 
 
 def recompute_prices(problem: SaveProblem, steps: int = PRICE_STEPS) -> list[float]:

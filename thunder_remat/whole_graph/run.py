@@ -185,6 +185,7 @@ def plan_saved_values(trace, config, *, zero3: bool = False) -> SavePassResult:
 
 
 def _record_checkpoints(result: SavePassResult, checkpoints) -> None:
+    """The figures of ``checkpoints`` the result keeps (not the schedule: it holds the whole trace's names)."""
     result.checkpoint_anchors = tuple(fraction for fraction, _ in checkpoints.levels)
     result.checkpoint_levels = tuple(tuple(sorted(ops)) for _, ops in checkpoints.levels)
     result.peak_estimate = checkpoints.peak_estimate
