@@ -20,7 +20,7 @@ from thunder_remat.storage import StorageMap, storage_map
 
 __all__ = ["collective_name", "is_backward", "is_backward_region", "reads_forward_values", "is_joint_trace",
            "split_joint", "ThunderSplit", "thunder_split", "forward_storages", "STALE_WRITE",
-           "in_place_destination", "in_place_writes", "leaf_ops", "TagReader", "op_facts"]
+           "in_place_destination", "in_place_writes", "leaf_ops", "TagReader", "op_facts", "TraceNames", "trace_names"]
 
 _COLLECTIVE_NAMES = frozenset({"all_gather", "all_reduce", "reduce_scatter", "broadcast", "wait", "synchronize",
                                "pack_for_fsdp", "unpack_for_fsdp", "update_bucket_view"})
@@ -129,6 +129,32 @@ def thunder_split(trace) -> ThunderSplit:
                 if not is_backward(bsyms[i]):
                     moved.add(p.name)
     return ThunderSplit(frozenset(forward), tuple(saved), frozenset(moved))
+
+
+@dataclass(frozen=True)
+class TraceNames:
+    """The names each top-level bound symbol of a trace reads and writes, by position: the walks
+    over one trace that "auto" repeats per checkpoint candidate (copy schedules, peak estimates)
+    read these instead of flattening every bound symbol again."""
+
+    #: per position: names of the proxies it reads / of the tensors it reads / of the tensors it makes
+    reads: tuple[tuple[str, ...], ...]
+    tensor_reads: tuple[tuple[str, ...], ...]
+    tensor_outs: tuple[tuple[str, ...], ...]
+    #: positions of the backward bound symbols whose arguments are real reads (see ``reads_forward_values``)
+    backward_readers: tuple[int, ...]
+
+
+def trace_names(trace) -> TraceNames:
+    reads, tensor_reads, tensor_outs, readers = [], [], [], []
+    for position, bsym in enumerate(trace.bound_symbols):
+        args = bsym.flat_proxy_args
+        reads.append(tuple(p.name for p in args))
+        tensor_reads.append(tuple(p.name for p in args if isinstance(p, TensorProxy)))
+        tensor_outs.append(tuple(p.name for p in bsym.flat_proxy_outs if isinstance(p, TensorProxy)))
+        if is_backward(bsym) and reads_forward_values(bsym):
+            readers.append(position)
+    return TraceNames(tuple(reads), tuple(tensor_reads), tuple(tensor_outs), tuple(readers))
 
 
 def forward_storages(trace, *, with_backward: bool = False) -> StorageMap:

@@ -3,8 +3,8 @@
 The network is plain data (node count, edge list, capacities) so the solver can be tested
 against a second implementation without any trace. ``CutSolver`` holds one network's edges and
 solves a cut for each capacity vector it is given: the whole-graph pass solves hundreds of cuts
-on edges that never change, so the graphs are built once and each cut is array work around
-igraph's maxflow.
+on edges that never change, so the graph is built once and each cut is array work around
+igraph's s-t min cut.
 """
 
 from __future__ import annotations
@@ -85,10 +85,6 @@ class CutSolver:
         pairs = np.asarray(edges, dtype=np.int64).reshape(len(edges), 2)
         self.tails, self.heads = pairs[:, 0], pairs[:, 1]
         self.graph = igraph.Graph(n=num_nodes, edges=list(edges), directed=True)
-        # the residual graph's candidate edges: every edge forward (spare capacity), then backward
-        # (flow to undo); each cut keeps the ones it has
-        both = list(edges) + [(v, u) for u, v in edges]
-        self.residual_candidates = igraph.Graph(n=num_nodes, edges=both, directed=True)
 
     @property
     def num_edges(self) -> int:
@@ -102,18 +98,17 @@ class CutSolver:
         caps = np.array(capacities, dtype=float)
         _check_capacities(self.num_edges, caps)
         finite = np.isfinite(caps)
-        unbounded = 2.0 * sum(caps[finite].tolist()) + 1.0
+        unbounded = 2.0 * float(caps[finite].sum()) + 1.0
         caps[~finite] = unbounded
-        value, flow, _, _ = igraph.GraphBase.maxflow(self.graph, self.source, self.sink, caps.tolist())
-        value = float(value)
-        flow = np.asarray(flow, dtype=float)
-        tolerance = 1e-9 * max(1.0, unbounded)
-        keep = np.concatenate([caps - flow > tolerance, flow > tolerance])
-        residual = self.residual_candidates.subgraph_edges(np.flatnonzero(keep).tolist(), delete_vertices=False)
-        source_mask = np.ones(self.num_nodes, dtype=bool)
-        source_mask[residual.subcomponent(self.sink, mode="in")] = False
+        # igraph's s-t min cut (push-relabel without its flow-recovery phase) marks every node that
+        # reaches the sink in the residual graph and returns the others as the first partition:
+        # the largest source side of a minimum cut, the tie-break this class promises
+        value, _, source_side, _ = igraph.GraphBase.mincut(self.graph, self.source, self.sink, caps.tolist())
+        source_mask = np.zeros(self.num_nodes, dtype=bool)
+        source_mask[source_side] = True
         crossing = source_mask[self.tails] & ~source_mask[self.heads]
         cut_edges = tuple(np.flatnonzero(crossing).tolist())
+        value = float(value)
         return CutResult(math.inf if value >= unbounded else value, source_mask, cut_edges)
 
 

@@ -80,8 +80,9 @@ def backward_checkpoints(problem: SaveProblem, choice: BudgetChoice, fractions) 
     return tuple(levels)
 
 
-def copy_schedule(trace, problem: SaveProblem, plan, window, checkpoints=()) -> CopySchedule:
-    """Where the backward makes each recomputed value again, holding ``checkpoints`` (op sets)."""
+def copy_schedule(trace, problem: SaveProblem, plan, window, checkpoints=(), names=None) -> CopySchedule:
+    """Where the backward makes each recomputed value again, holding ``checkpoints`` (op sets);
+    ``names``: the trace's ``trace_names`` when several schedules of it are made."""
     # Re-gathers (FSDP ZeRO-3) are recomputed by rule but are collectives: never issued twice.
     held = frozenset().union(*checkpoints)
     cheap = frozenset(op.index for op in problem.ops
@@ -90,7 +91,7 @@ def copy_schedule(trace, problem: SaveProblem, plan, window, checkpoints=()) -> 
     segments = frozenset(op.index for op in problem.ops if op.index in recomputed and not op.collective
                          and op.index not in held and op.index not in cheap)
     return schedule_copies(trace, plan.recomputed, window=window, cheap=cheap, checkpoints=checkpoints,
-                           segments=segments)
+                           segments=segments, names=names)
 
 
 @dataclass
@@ -120,9 +121,14 @@ def checkpointed_schedule(trace, problem: SaveProblem, choice: BudgetChoice, *, 
                           timings: Timings) -> CheckpointChoice:
     """The copy schedule with the checkpoints ``setting`` asks for (``remat_checkpoint_budget``:
     False, a fraction or tuple of fractions, or "auto"); time goes to ``timings``."""
+    names = None  # the trace's names, read once for every schedule and estimate below
+
     def schedule(checkpoints=()):
+        nonlocal names
         with timings.stage("rewrite"):
-            return copy_schedule(trace, problem, choice.plan, window, checkpoints)
+            made = copy_schedule(trace, problem, choice.plan, window, checkpoints, names)
+        names = made.names
+        return made
 
     if window is None or setting is False or choice.frontier is None:
         return CheckpointChoice(schedule())

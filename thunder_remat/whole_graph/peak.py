@@ -11,8 +11,6 @@ values the backward reads, which the walk keeps alive the same way.
 
 from __future__ import annotations
 
-from thunder.core.proxies import TensorProxy
-
 from thunder_remat.trace_facts import forward_storages
 from thunder_remat.whole_graph.rewrite import CopySchedule
 from thunder_remat.storage import StorageMap
@@ -35,13 +33,11 @@ def estimate_schedule_peak(schedule: CopySchedule, storages: StorageMap | None =
     reads from a copy is a view of that copy.
     """
     trace = schedule.trace
-    bsyms = trace.bound_symbols
     if storages is None:
         storages = forward_storages(trace, with_backward=True)
     owner, sizes, held = storages.owner, storages.owner_bytes, storages.held
-
-    def tensors(proxies):
-        return [p.name for p in proxies if isinstance(p, TensorProxy)]
+    names = schedule.trace_names()
+    tensor_reads, tensor_outs = names.tensor_reads, names.tensor_outs
 
     born: dict = {}  # storage -> step that allocates it
     last_read: dict = {}  # storage -> last step reading a tensor on it
@@ -50,17 +46,18 @@ def estimate_schedule_peak(schedule: CopySchedule, storages: StorageMap | None =
     copy_owner: dict = {}  # (copy number, output name) -> its storage
     current: dict = {}  # value -> its storage, where a view now views a copy
 
-    def run(bsym, sources: dict, copy: int | None) -> None:
-        """One step: ``bsym`` reading ``sources`` (input name -> copy number) instead of the
-        forward's values; ``copy``: the number of the copy this step makes, or None."""
-        reads = tensors(bsym.flat_proxy_args)
+    def run(position: int, sources: dict, copy: int | None) -> None:
+        """One step: the bound symbol at ``position`` reading ``sources`` (input name -> copy
+        number) instead of the forward's values; ``copy``: the number of the copy this step
+        makes, or None."""
+        reads = tensor_reads[position]
         now = {}
         for name in reads:
             k = sources.get(name)
             now[name] = copy_owner[(k, name)] if k is not None else current.get(name) or owner.get(name, name)
             if now[name] not in held:
                 last_read[now[name]] = step
-        for name in tensors(bsym.flat_proxy_outs):
+        for name in tensor_outs[position]:
             original = owner.get(name, name)
             viewed = next((a for a in reads if owner.get(a, a) == original), None)
             if viewed is not None:
@@ -79,12 +76,12 @@ def estimate_schedule_peak(schedule: CopySchedule, storages: StorageMap | None =
                 born[storage] = step
                 last_read.setdefault(storage, step)
 
-    for position, bsym in enumerate(bsyms):
+    for position in range(len(trace.bound_symbols)):
         for k in schedule.before.get(position, ()):
             i, inputs = schedule.copies[k]
-            run(bsyms[i], inputs, k)
+            run(i, inputs, k)
             step += 1
-        run(bsym, schedule.reads.get(position, {}), None)
+        run(position, schedule.reads.get(position, {}), None)
         step += 1
     change = [0] * (step + 1)
     for storage, at in born.items():

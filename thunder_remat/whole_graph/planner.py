@@ -438,7 +438,11 @@ def choose_plan(frontier: Frontier, budget) -> BudgetChoice:
     target = target_bytes(frontier, budget)
     if is_fastest_budget(budget):
         return BudgetChoice(frontier.fastest, target, True, frontier, frontier.networks)
-    fitting = [p for p in frontier.plans + gap_plans(frontier, target) if p.saved_bytes <= target]
+    fitting = [p for p in frontier.plans if p.saved_bytes <= target]
+    if fitting and fitting[-1].saved_bytes < target:
+        # the gap above the largest plan that fits holds plans that may fit too; when that plan
+        # saves exactly the target (budget 0.0: the smallest plan), none of them can
+        fitting += [p for p in gap_plans(frontier, target) if p.saved_bytes <= target]
     if not fitting:
         return BudgetChoice(frontier.plans[0], target, False, frontier, frontier.networks)
     best = min(fitting, key=lambda p: (p.recompute_cost, p.saved_bytes, p.key))

@@ -18,7 +18,7 @@ from thunder.core.proxies import variableify
 from thunder.core.symbol import BoundSymbolTag
 from thunder.core.trace import from_trace, tracectx
 
-from thunder_remat.trace_facts import is_backward, reads_forward_values
+from thunder_remat.trace_facts import TraceNames, trace_names
 
 __all__ = ["CopySchedule", "insert_recomputation", "schedule_copies", "build", "MAX_CHEAP_COPIES"]
 
@@ -46,6 +46,13 @@ class CopySchedule:
     before: dict = field(default_factory=dict)
     #: trace position of a backward reader -> {input name: copy number} it reads instead
     reads: dict = field(default_factory=dict)
+    #: the names the trace's bound symbols read and write (shared by the schedules of one trace)
+    names: TraceNames | None = field(default=None, repr=False)
+
+    def trace_names(self) -> TraceNames:
+        if self.names is None:
+            self.names = trace_names(self.trace)
+        return self.names
 
     @property
     def emitted(self) -> list[int]:
@@ -62,7 +69,8 @@ def insert_recomputation(trace, recomputed_indices, **options):
 
 
 def schedule_copies(trace, recomputed_indices, *, window: int | None = None, cheap=frozenset(), checkpoints=(),
-                    segments=frozenset(), max_cheap_copies: int = MAX_CHEAP_COPIES) -> CopySchedule:
+                    segments=frozenset(), max_cheap_copies: int = MAX_CHEAP_COPIES,
+                    names: TraceNames | None = None) -> CopySchedule:
     """Where the backward recomputes the forward bsyms at ``recomputed_indices``.
 
     Each op is copied at the first backward use of its outputs and the copy is reused after that,
@@ -84,13 +92,15 @@ def schedule_copies(trace, recomputed_indices, *, window: int | None = None, che
     first needed, as if the outer level had been saved by the forward.
 
     So no op is copied more than ``max(max_cheap_copies, len(checkpoints) + 1)`` times.
+    ``names``: the trace's ``trace_names``, when the caller schedules the same trace more than once.
     """
-    schedule = CopySchedule(trace)
+    schedule = CopySchedule(trace, names=names)
     recompute = {i: trace.bound_symbols[i] for i in recomputed_indices}
     if not recompute:
         return schedule
+    names = schedule.trace_names()
     producer_index = {p.name: i for i, b in recompute.items() for p in b.flat_proxy_outs}
-    reads_of = {i: [p.name for p in b.flat_proxy_args] for i, b in recompute.items()}
+    reads_of = {i: names.reads[i] for i in recompute}
     level: dict[int, int] = {}  # checkpoint op -> its level (1: outermost)
     for depth, ops in enumerate(checkpoints, start=1):
         for i in ops:
@@ -133,19 +143,20 @@ def schedule_copies(trace, recomputed_indices, *, window: int | None = None, che
         return copy
 
     try:
-        for position, bsym in enumerate(trace.bound_symbols):
-            if is_backward(bsym) and reads_forward_values(bsym):
-                reads = {}
-                for p in bsym.flat_proxy_args:
-                    j = producer_index.get(p.name)
-                    if j is not None:
-                        reads[p.name] = emit(j, length)
-                if pending:
-                    schedule.before[position] = list(pending)
-                    pending.clear()
-                if reads:
-                    schedule.reads[position] = reads
-            length += 1
+        placed = 0  # bound symbols of the trace before ``position``: the rewritten length is placed + copies
+        for position in names.backward_readers:
+            length += position - placed
+            placed = position
+            reads = {}
+            for name in names.reads[position]:
+                j = producer_index.get(name)
+                if j is not None:
+                    reads[name] = emit(j, length)
+            if pending:
+                schedule.before[position] = list(pending)
+                pending.clear()
+            if reads:
+                schedule.reads[position] = reads
     finally:
         # emit's closure holds emit itself: without this the cycle would keep every dropped
         # schedule alive until a garbage collection (the passes pause the collector)
