@@ -101,6 +101,28 @@ def networkx_cut_value(network) -> float:
     return float(value)
 
 
+def networkx_largest_source_side(network) -> frozenset[int]:
+    """A second solver for the tie-break: every node that cannot reach the sink in the residual
+    graph of networkx's maximum flow (the same set for every maximum flow)."""
+    caps: dict[tuple[int, int], float] = {}
+    for edge, cap in zip(network.edges, network.capacities):
+        caps[edge] = caps.get(edge, 0.0) + cap
+    g = nx.DiGraph()
+    g.add_nodes_from(range(network.num_nodes))
+    for (u, v), cap in caps.items():
+        g.add_edge(u, v, capacity=cap)
+    _, flow = nx.maximum_flow(g, network.source, network.sink)
+    residual = nx.DiGraph()
+    residual.add_nodes_from(range(network.num_nodes))
+    for (u, v), cap in caps.items():
+        if cap - flow[u][v] > 0:
+            residual.add_edge(u, v)
+        if flow[u][v] > 0:
+            residual.add_edge(v, u)
+    reaches_sink = nx.ancestors(residual, network.sink) | {network.sink}
+    return frozenset(range(network.num_nodes)) - reaches_sink
+
+
 def last_pairs(jitted):
     result = thunder_remat.last_pair_pass(jitted)
     assert result is not None, "thunder_remat's pair pass did not run"

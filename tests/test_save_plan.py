@@ -234,6 +234,18 @@ def test_a_budget_between_frontier_plans_gets_a_plan_in_the_gap():
         assert choose_plan(frontier, ("bytes", target)).plan.recompute_cost == best, target
 
 
+def test_a_budget_a_frontier_plan_meets_exactly_fills_no_gap():
+    """Plans in a gap save more than the plan below it, so a budget equal to that plan's bytes
+    (0.0: the smallest plan) cannot use them: no cut is solved for them."""
+    frontier = build_frontier(two_layer_problem(), steps=4)
+    for target in (0, 8, 104, 108):
+        assert choose_plan(frontier, ("bytes", target)).plan.saved_bytes == target
+    assert choose_plan(frontier, ("fraction", 0.0)).plan is frontier.smallest
+    assert frontier.filled == {}
+    choose_plan(frontier, ("bytes", 200))
+    assert list(frontier.filled) == [4]
+
+
 @pytest.mark.parametrize("seed", range(12))
 def test_gap_filling_never_costs_recompute_and_keeps_the_budget_monotone(seed):
     p = random_problem(random.Random(seed))

@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from helpers import networkx_cut_value
+from helpers import networkx_cut_value, networkx_largest_source_side
 from thunder_remat.pairs.solve import build_network, solve_pair
 from thunder_remat.solvers.split_network import Side, Terminal, ValueNode
 from thunder_remat.pairs.analysis import PairProblem
@@ -41,6 +41,17 @@ def test_cut_value_equals_networkx(seed):
         )
         assert crossing == pytest.approx(cut.value)
     assert network.source in cut.source_side and network.sink not in cut.source_side
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_ties_go_to_the_largest_source_side(seed):
+    """Among minimum cuts, the one whose source side is every node that cannot reach the sink in
+    the residual graph (networkx's flow, finite integer capacities with many ties)."""
+    rng = random.Random(1000 + seed)
+    shape = random_network(rng)
+    caps = tuple(float(rng.choice([0, 1, 1, 2, 3])) for _ in shape.edges)
+    network = FlowNetwork(shape.num_nodes, shape.edges, caps, shape.source, shape.sink)
+    assert min_cut(network).source_side == networkx_largest_source_side(network)
 
 
 def test_flow_network_rejects_bad_input():

@@ -18,6 +18,7 @@ from thunder_remat.plugin import _finalize
 from thunder_remat.policies import (DEFAULT_POLICIES, KeepSmallReductions, NeverRecomputeMatmul, NeverRecomputeRandom,
                                     OpFacts, RespectThunderTags, STRUCTURAL_HARD_BANS, judge_op)
 from thunder_remat.records import PassStatus
+from thunder_remat.trace_facts import trace_names
 from thunder_remat.solvers.split_network import Side, ValueNode
 from thunder_remat.verify import verify
 from thunder_remat.whole_graph.analysis import build_save_problem
@@ -81,6 +82,20 @@ def test_peak_estimate_of_a_schedule_is_that_of_the_trace_it_builds():
     plan = choose_plan(build_frontier(problem), ("fraction", 0.0)).plan
     schedule = copy_schedule(trace, problem, plan, window=4)
     assert estimate_schedule_peak(schedule) == estimate_peak_bytes(build(schedule)) > 0
+
+
+def test_schedules_of_one_trace_share_its_names():
+    """A schedule made with the trace's names read once is the one made without them, and its
+    peak estimate reads them (checkpoint candidates share one record)."""
+    trace, _ = chain_joint_trace()
+    problem = build_save_problem(trace, DEFAULT_POLICIES)
+    plan = choose_plan(build_frontier(problem), ("fraction", 0.0)).plan
+    names = trace_names(trace)
+    shared, alone = (copy_schedule(trace, problem, plan, window=4, names=n) for n in (names, None))
+    assert (shared.copies, shared.before, shared.reads) == (alone.copies, alone.before, alone.reads)
+    assert shared.names is names and alone.names == names
+    assert names.backward_readers and all(p < len(trace.bound_symbols) for p in names.backward_readers)
+    assert estimate_schedule_peak(shared) == estimate_schedule_peak(alone) == estimate_peak_bytes(build(alone))
 
 
 def test_drawing_reads_the_stored_cut():
