@@ -46,10 +46,9 @@ def _names(tree) -> list[str]:
     return [p.name for p in flat if isinstance(p, Proxy)]
 
 
-def _unsafe_counts(trace) -> Counter:
+def _unsafe_counts(trace, tags_of: TagReader) -> Counter:
     """How often each op runs that may not run more often (regions read through their bodies)."""
     counts: Counter = Counter()
-    tags_of = TagReader()
     for bsym in leaf_ops(trace.bound_symbols):
         tags = tags_of(bsym)
         if ("RANDOM_OP" in tags and bsym.sym.name not in REPLAYABLE_RANDOM_OPS) or tags & STRUCTURAL_HARD_BANS.keys():
@@ -131,18 +130,20 @@ def verify(before, after, *, saved=None, saved_bytes=None, replayed=(), raise_on
     problems: list[str] = []
     defined = set(_names((after.args, after.kwargs)))
     for bsym in after.bound_symbols:
-        for name in _names((bsym.args, bsym.kwargs)):
-            if name not in defined:
-                problems.append(f"{bsym.sym.name} reads {name} before it is produced")
+        # the proxies of the flattened arguments and output, which Thunder caches per bound symbol
+        for p in bsym.flat_proxy_args:
+            if p.name not in defined:
+                problems.append(f"{bsym.sym.name} reads {p.name} before it is produced")
         if bsym.sym.is_fusion:
             problems += region_problems(bsym)
-        defined.update(_names(bsym.output))
+        defined.update(p.name for p in bsym.flat_proxy_outs)
 
     ret_before, ret_after = before.bound_symbols[-1], after.bound_symbols[-1]
     if _names(ret_before.args) != _names(ret_after.args):
         problems.append("the trace no longer returns the same values")
 
-    was, now = _unsafe_counts(before), _unsafe_counts(after)
+    tags_of = TagReader()  # one cache for both: ``after`` keeps most of ``before``'s bound symbols
+    was, now = _unsafe_counts(before, tags_of), _unsafe_counts(after, tags_of)
     for op, n in sorted(now.items()):
         if n > was.get(op, 0) and op not in replayed:
             problems.append(f"{op} runs {n} times, {was.get(op, 0)} before: random, in-place or collective ops "
