@@ -236,6 +236,9 @@ class TagReader:
     def __init__(self) -> None:
         # id -> (the bound symbol, kept alive so its id is not reused while cached; its tags)
         self._deep: dict[int, tuple[object, frozenset[str]]] = {}
+        # one object per distinct tag set: a deep trace has tens of thousands of ops and a few
+        # dozen distinct sets
+        self._sets: dict[frozenset[str], frozenset[str]] = {}
 
     def __call__(self, bsym) -> frozenset[str]:
         names = set(self._contained(bsym))
@@ -258,6 +261,7 @@ class TagReader:
         for sub in bsym.subsymbols:
             names |= self._contained(sub) - _WHOLE_OP_TAGS
         tags = frozenset(names)
+        tags = self._sets.setdefault(tags, tags)
         self._deep[id(bsym)] = (bsym, tags)
         return tags
 
