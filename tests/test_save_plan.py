@@ -8,7 +8,8 @@ import random
 import pytest
 
 from thunder_remat.solvers.split_network import Side, Terminal, ValueNode
-from thunder_remat.whole_graph.planner import SaveNetworks, build_frontier, choose_fastest, choose_plan, gap_plans
+from thunder_remat.whole_graph.planner import (SaveNetworks, _fill, build_frontier, choose_fastest, choose_plan,
+                                               gap_plans)
 from thunder_remat.whole_graph.problem import ForwardOp, ForwardValue, SaveProblem
 from thunder_remat.solvers.maxflow import min_cut
 
@@ -261,6 +262,30 @@ def test_gap_filling_never_costs_recompute_and_keeps_the_budget_monotone(seed):
     for upper, plans in frontier.filled.items():
         low, high = frontier.plans[upper - 1].saved_bytes, frontier.plans[upper].saved_bytes
         assert all(low < plan.saved_bytes < high for plan in plans)
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_a_gap_keeps_its_pareto_plans_and_budgets_choose_as_from_all_it_found(seed):
+    """A filled gap keeps only plans no other of its plans beats on both bytes and recompute, and
+    every byte budget chooses the plan it would choose from everything the filling found (with 4
+    knapsack steps the gaps are wide: seeds 0, 14 and 16 find plans others beat)."""
+    p = random_problem(random.Random(seed))
+    frontier = build_frontier(p, steps=4)
+    found = {}  # everything a gap's filling finds, by the index of the plan above the gap
+    for target in range(frontier.fastest.saved_bytes, frontier.smallest.saved_bytes - 1, -1):
+        chosen = choose_plan(frontier, ("bytes", target)).plan
+        fitting = [q for q in frontier.plans if q.saved_bytes <= target]
+        upper = next((k for k, q in enumerate(frontier.plans) if q.saved_bytes > target), None)
+        if upper is not None and fitting:
+            low, least = frontier.plans[upper - 1].saved_bytes, frontier.plans[upper].recompute_cost
+            if upper not in found:
+                found[upper] = _fill(frontier.networks, frontier.plans[upper], low, frontier.solver)
+            fitting += [q for q in found[upper] if low < q.saved_bytes <= target and q.recompute_cost >= least]
+        assert chosen == min(fitting, key=lambda q: (q.recompute_cost, q.saved_bytes, q.key)), target
+    for plans in frontier.filled.values():
+        for a in plans:
+            assert not any(b is not a and b.saved_bytes <= a.saved_bytes and b.recompute_cost <= a.recompute_cost
+                           for b in plans)
 
 
 def test_gap_filling_gets_closer_to_brute_force():

@@ -342,8 +342,8 @@ def build_frontier(problem: SaveProblem, solver: str = "dp", steps: int = FRONTI
 
 
 def gap_plans(frontier: Frontier, target: int) -> tuple[SavePlan, ...]:
-    """Plans strictly between the two frontier plans around ``target`` bytes (none without a
-    problem, or when ``target`` is below the smallest or at or above the largest plan).
+    """The Pareto plans strictly between the two frontier plans around ``target`` bytes (none
+    without a problem, or when ``target`` is below the smallest or at or above the largest plan).
 
     From the plan above the gap: the plan with one of its kept soft bans dropped (budgets just
     below it; the ``GAP_STEPS`` bans with the smallest outputs); two chains that drop them one
@@ -365,8 +365,11 @@ def gap_plans(frontier: Frontier, target: int) -> tuple[SavePlan, ...]:
         found = _fill(frontier.networks, plans[upper], low, frontier.solver)
         # A plan recomputing less than the upper plan would let a budget in this gap recompute
         # less than one above it; like plans beating the fastest, it is not offered.
+        # Only the gap's Pareto plans are kept: a plan another one beats on both bytes and
+        # recompute is never the cheapest that fits (at 32 layers, most of a gap's plans).
         least = plans[upper].recompute_cost
-        frontier.filled[upper] = tuple(p for p in found if low < p.saved_bytes < high and p.recompute_cost >= least)
+        frontier.filled[upper] = tuple(_pareto(p for p in found if low < p.saved_bytes < high
+                                               and p.recompute_cost >= least))
         log.debug("filled the gap %d..%d B with %d plans in %.1f ms", low, high, len(frontier.filled[upper]),
                   (time.perf_counter() - start) * 1e3)
     return frontier.filled[upper]
