@@ -82,18 +82,22 @@ def fusion_regions(trace) -> dict[str, tuple[list[str], list[str], list[str]]]:
     }
 
 
-def networkx_cut_value(network) -> float:
-    """A second solver for the cut value: networkx on the same FlowNetwork (parallel edges summed)."""
+def _networkx_graph(network) -> tuple[nx.DiGraph, dict[tuple[int, int], float]]:
+    """The FlowNetwork as a networkx graph, parallel edges summed (an infinite edge has no
+    capacity attribute: networkx treats it as infinite), and the summed capacities."""
     caps: dict[tuple[int, int], float] = {}
     for edge, cap in zip(network.edges, network.capacities):
         caps[edge] = caps.get(edge, 0.0) + cap
     g = nx.DiGraph()
     g.add_nodes_from(range(network.num_nodes))
     for (u, v), cap in caps.items():
-        if cap == float("inf"):
-            g.add_edge(u, v)  # no capacity attribute: networkx treats it as infinite
-        else:
-            g.add_edge(u, v, capacity=cap)
+        g.add_edge(u, v, **({} if cap == float("inf") else {"capacity": cap}))
+    return g, caps
+
+
+def networkx_cut_value(network) -> float:
+    """A second solver for the cut value: networkx on the same FlowNetwork."""
+    g, _ = _networkx_graph(network)
     try:
         value, _ = nx.minimum_cut(g, network.source, network.sink)
     except nx.NetworkXUnbounded:
@@ -103,14 +107,8 @@ def networkx_cut_value(network) -> float:
 
 def networkx_largest_source_side(network) -> frozenset[int]:
     """A second solver for the tie-break: every node that cannot reach the sink in the residual
-    graph of networkx's maximum flow (the same set for every maximum flow)."""
-    caps: dict[tuple[int, int], float] = {}
-    for edge, cap in zip(network.edges, network.capacities):
-        caps[edge] = caps.get(edge, 0.0) + cap
-    g = nx.DiGraph()
-    g.add_nodes_from(range(network.num_nodes))
-    for (u, v), cap in caps.items():
-        g.add_edge(u, v, capacity=cap)
+    graph of networkx's maximum flow (the same set for every maximum flow; finite capacities)."""
+    g, caps = _networkx_graph(network)
     _, flow = nx.maximum_flow(g, network.source, network.sink)
     residual = nx.DiGraph()
     residual.add_nodes_from(range(network.num_nodes))
