@@ -364,9 +364,9 @@ def gap_plans(frontier: Frontier, target: int) -> tuple[SavePlan, ...]:
         low, high = plans[upper - 1].saved_bytes, plans[upper].saved_bytes
         found = _fill(frontier.networks, plans[upper], low, frontier.solver)
         # A plan recomputing less than the upper plan would let a budget in this gap recompute
-        # less than one above it; like plans beating the fastest, it is not offered.
-        # Only the gap's Pareto plans are kept: a plan another one beats on both bytes and
-        # recompute is never the cheapest that fits (at 32 layers, most of a gap's plans).
+        # less than one above it; like plans beating the fastest, it is not offered. Of the rest
+        # only the Pareto plans are kept: one another beats on both bytes and recompute is never
+        # the cheapest that fits (about half of a gap's plans at 32 layers).
         least = plans[upper].recompute_cost
         frontier.filled[upper] = tuple(_pareto(p for p in found if low < p.saved_bytes < high
                                                and p.recompute_cost >= least))
