@@ -2,12 +2,18 @@
 
 * what a forward saves for backward (``torch.autograd.graph.saved_tensors_hooks``), in storage
   bytes;
-* the peak of tensor memory allocated during a step (a ``TorchDispatchMode`` that follows every
-  tensor an op returns until it is freed), on any device, CPU included.
+* the peak of memory a training step allocates, at the allocator (``allocator_step_peak``): every
+  allocation and free, compiled code (torch.compile/Inductor regions) and ops' own workspaces
+  included; on CPU from the profiler's memory events, on CUDA from the caching allocator's
+  statistics. This is the number that decides whether a step fits;
+* the peak of tensor memory returned by the ops of a step (``step_peak_memory``, a
+  ``TorchDispatchMode`` that follows every tensor an op returns until it is freed), on any device,
+  CPU included. It does not see inside compiled regions.
 """
 
 from __future__ import annotations
 
+import warnings
 import weakref
 from dataclasses import dataclass
 
@@ -16,7 +22,8 @@ from torch._subclasses.fake_tensor import FakeTensor
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
-__all__ = ["SavedTensors", "saved_for_backward", "StepMemory", "step_peak_memory"]
+__all__ = ["SavedTensors", "saved_for_backward", "StepMemory", "step_peak_memory", "AllocatorPeak",
+           "allocator_step_peak"]
 
 
 @dataclass(frozen=True)
@@ -104,6 +111,8 @@ class _LiveTensorBytes(TorchDispatchMode):
         return out
 
     def _track(self, t: torch.Tensor) -> None:
+        if t.is_meta or isinstance(t, FakeTensor):  # Thunder runs some ops on meta/fake tensors: no memory
+            return
         storage = t.untyped_storage()
         ptr, nbytes = storage.data_ptr(), storage.nbytes()
         if nbytes == 0 or ptr in self.held:
@@ -131,12 +140,134 @@ def step_peak_memory(step, held=()) -> StepMemory:
     Pass the tensors that outlive the step (parameters, their gradients, the batch) as ``held``
     so that views of them are not counted. Unlike a device allocator's statistics this counts
     tensor storage only (no allocator caching or fragmentation) and works on CPU. It sees what
-    runs op by op through the dispatcher: a fused region keeps its intermediates alive as locals
-    until it returns, and torch.compile'd code does not run as compiled under a dispatch mode,
-    so measure steps without a fusion executor (``executors=[]``), or use
-    ``torch.cuda.max_memory_allocated`` on a GPU.
+    runs op by op through the dispatcher, and only the tensors ops return: not an op's internal
+    workspace, not the scalar tensors wrapped around Python numbers. It does NOT see inside
+    compiled regions: torch.compile'd code (Thunder's torch.compile executor, Inductor) allocates
+    its buffers below the dispatcher, and a fused region keeps its intermediates alive as locals
+    until it returns. Measure a step with a fusion executor with ``allocator_step_peak``; this
+    measure suits Thunder's torch executor (``executors=[]``), where it sees every value a trace
+    names.
     """
     mode = _LiveTensorBytes(held)
     with mode:
         step()
     return StepMemory(mode.peak, mode.now)
+
+
+@dataclass(frozen=True)
+class AllocatorPeak:
+    """The memory one step allocated, as the device's allocator saw it.
+
+    ``peak_bytes``: the most bytes allocated at once during the step above what was allocated
+    when it began; ``end_bytes``: the bytes it left allocated when it returned, above the start
+    (gradients it created, for example; negative if it freed more than it allocated);
+    ``start_bytes``: the bytes allocated when it began, where the allocator counts them (CUDA);
+    None on CPU, whose allocator only counts while the profiler records. ``device``: the device
+    measured; ``method``: how.
+    """
+
+    peak_bytes: int
+    end_bytes: int
+    start_bytes: int | None
+    device: str
+    method: str
+
+
+CPU_PROFILER_METHOD = "torch.profiler memory events (c10 CPU allocator running total)"
+CUDA_METHOD = "torch.cuda.max_memory_allocated - memory_allocated at start"
+
+#: size of the marker allocations that fix the CPU allocator's level at the step's start and end
+_MARKER_BYTES = 1
+
+
+def allocator_step_peak(step, device="cpu") -> AllocatorPeak:
+    """Run ``step()`` once and return the peak of memory it allocated on ``device``, above the start.
+
+    Sees every allocation and free on ``device`` while ``step`` runs: tensors ops return, ops'
+    internal workspaces, wrapped Python scalars, and the buffers of compiled code (Inductor's
+    kernels, Thunder's fusion regions). Whatever exists before the step (parameters, the batch,
+    gradients from an earlier step) is the baseline and not counted; set gradients to None
+    before the step (``model.zero_grad(set_to_none=True)``) to count the step's own.
+
+    CUDA: ``torch.cuda.reset_peak_memory_stats``, then ``max_memory_allocated`` minus the
+    ``memory_allocated`` at the start, synchronized before and after; bytes as the caching
+    allocator counts them (blocks rounded up to 512 B), cached but free blocks not included.
+
+    CPU: one ``torch.profiler.profile(activities=[CPU], profile_memory=True)`` around the step.
+    Each allocation and free through c10's CPU allocator is a memory event carrying its size and
+    ``total_allocated``, the allocator's running total of live bytes right after it, updated and
+    read under one lock: the largest ``total_allocated`` over the step's events is the exact
+    peak of the sum, whatever order the events' timestamps put threads' events in. The running
+    total's origin is arbitrary (it only moves while a profiler records, so it drifts between
+    sessions), so the step is framed by two 1-byte marker tensors, allocated on this thread just
+    before and just after it and both alive until the profile ends: the first marker's
+    ``total_allocated`` fixes the start level, the second's the end level, and the step's events
+    are those between them in time (the calling thread is inside ``step`` then). Not seen: memory
+    allocated outside c10's allocator (a compiled kernel's C++ stack or ``std::vector`` scratch,
+    oneDNN's internal caches), allocations on threads that do not carry the profiler's state
+    (at::parallel_for and autograd's CPU work do carry it), and frees of blocks allocated before
+    any profiler recorded (the allocator does not know their size: the profiler warns "Memory
+    block of unknown size ..."), which makes the count an upper bound in that case.
+    """
+    import torch
+
+    device = torch.device(device)
+    if device.type == "cuda":
+        return _cuda_step_peak(step, device)
+    if device.type != "cpu":
+        raise ValueError(f"allocator_step_peak measures cpu and cuda devices, got {device}")
+    from torch.profiler import ProfilerActivity, profile
+
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*Profiler clears events.*")
+        with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+            first = torch.empty(_MARKER_BYTES, dtype=torch.uint8)
+            step()
+            last = torch.empty(_MARKER_BYTES, dtype=torch.uint8)
+            markers = (first.data_ptr(), last.data_ptr())
+            del first, last
+    events = sorted(_cpu_allocation_events(prof), key=lambda e: e[0])
+    start = _marker_index(events, markers[0], 0)
+    end = _marker_index(events, markers[1], start + 1)
+    base = events[start][2] - _MARKER_BYTES  # the allocator's level just before the step
+    peak = max(total for _, _, total, _ in events[start:end]) - _MARKER_BYTES - base
+    end_bytes = events[end][2] - 2 * _MARKER_BYTES - base
+    return AllocatorPeak(peak, end_bytes, None, str(device), CPU_PROFILER_METHOD)
+
+
+def _cpu_allocation_events(prof) -> list[tuple[int, int, int, int]]:
+    """(time ns, bytes, allocator total after, address) of every CPU allocation and free recorded."""
+    from torch._C._profiler import _EventType
+
+    out = []
+    stack = list(prof.profiler.kineto_results.experimental_event_tree())
+    while stack:
+        node = stack.pop()
+        stack.extend(node.children)
+        if node.tag == _EventType.Allocation:
+            fields = node.extra_fields
+            if fields.device.type == "cpu":
+                out.append((node.start_time_ns, fields.alloc_size, fields.total_allocated, fields.ptr))
+    return out
+
+
+def _marker_index(events, ptr: int, after: int) -> int:
+    for i in range(after, len(events)):
+        _, nbytes, _, address = events[i]
+        if address == ptr and nbytes == _MARKER_BYTES:
+            return i
+    raise RuntimeError("the profiler recorded no allocation of the step's marker tensor; is another "
+                       "profiler running, or memory profiling unsupported here?")
+
+
+def _cuda_step_peak(step, device) -> AllocatorPeak:
+    import torch
+
+    torch.cuda.synchronize(device)
+    start = torch.cuda.memory_allocated(device)
+    torch.cuda.reset_peak_memory_stats(device)
+    step()
+    torch.cuda.synchronize(device)
+    peak = torch.cuda.max_memory_allocated(device) - start
+    end = torch.cuda.memory_allocated(device) - start
+    return AllocatorPeak(peak, end, start, str(device), CUDA_METHOD)
