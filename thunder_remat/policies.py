@@ -34,6 +34,9 @@ __all__ = [
     "REPLAYABLE_RANDOM_OPS",
     "NeverRecomputeRandom",
     "NeverRecomputeMatmul",
+    "NeverRecomputeContractions",
+    "CONTRACTIONS",
+    "contraction_kind",
     "KeepSmallReductions",
     "RespectThunderTags",
     "DEFAULT_POLICIES",
@@ -112,6 +115,58 @@ class NeverRecomputeMatmul:
         return None
 
 
+#: ops whose every output element is a sum of products over a contracted input dimension (a matmul's
+#: inner size, a convolution's input channels times its kernel window, attention's keys), by the
+#: names they carry in Thunder 0.2.6's traces: its prims and torch-level symbols, and the torch ops
+#: it registers automatically (``torch.mm`` runs as ``spmm``, ``addmm``, ``conv_transpose2d``, ...),
+#: which carry no ``MATMUL_OP`` tag. Their cost per output element grows with the model's width, so
+#: they cost far more to run again than to keep; ``cost.op_flops`` prices each by its own rule.
+#: Value: the kind a verdict names.
+CONTRACTIONS = {
+    **dict.fromkeys(("linear", "matmul", "mm", "spmm", "addmm", "mv", "addmv", "dot", "vdot", "inner"), "matmul"),
+    **dict.fromkeys(("bmm", "baddbmm", "addbmm", "chain_matmul"), "batched matmul"),
+    **dict.fromkeys(("_grouped_mm", "grouped_mm"), "grouped matmul"),
+    **dict.fromkeys(("einsum", "tensordot", "bilinear"), "tensor contraction"),
+    **dict.fromkeys(("convolution", "_convolution", "conv1d", "conv2d", "conv3d"), "convolution"),
+    **dict.fromkeys(("conv_transpose1d", "conv_transpose2d", "conv_transpose3d"), "transposed convolution"),
+    **dict.fromkeys(("sdpa", "scaled_dot_product_attention"), "attention"),
+}
+
+
+def contraction_kind(name: str) -> str | None:
+    """The kind of contraction op ``name`` is (``CONTRACTIONS``), or None.
+
+    Also reads aten names (``torch.ops.aten.convolution.default``) and executor ops named after
+    what they run (the CUDA sdpa executor's ``sdpaex_grad_forward_scaled_dot_product_...``)."""
+    base = name.removeprefix("torch.ops.").removeprefix("aten.").removesuffix(".default")
+    kind = CONTRACTIONS.get(base)
+    if kind is not None:
+        return kind
+    if "scaled_dot_product" in base:
+        return "attention"
+    if "conv_transpose" in base:
+        return "transposed convolution"
+    if "convolution" in base:
+        return "convolution"
+    return None
+
+
+@dataclass(frozen=True)
+class NeverRecomputeContractions:
+    """Convolutions, transposed convolutions, batched and grouped matmuls, einsum, and the matmuls
+    torch runs without Thunder's ``MATMUL_OP`` tag (``mm``, ``addmm``, ...): each output element
+    sums over a contracted dimension (``CONTRACTIONS``), so, like matmuls, they cost far more to run
+    again than to keep. The verdict names the kind of op."""
+
+    hard: bool = False
+
+    def judge(self, op: OpFacts) -> Verdict | None:
+        kind = contraction_kind(op.op)
+        if kind is None:
+            return None
+        return Verdict(VerdictKind.HARD if self.hard else VerdictKind.SOFT, f"{kind} (a contraction)")
+
+
 @dataclass(frozen=True)
 class KeepSmallReductions:
     """A reduction whose output is ``ratio`` times smaller than its input is cheap to keep."""
@@ -137,7 +192,8 @@ class RespectThunderTags:
         return None
 
 
-DEFAULT_POLICIES = (NeverRecomputeRandom(), NeverRecomputeMatmul(), KeepSmallReductions(), RespectThunderTags())
+DEFAULT_POLICIES = (NeverRecomputeRandom(), NeverRecomputeMatmul(), NeverRecomputeContractions(), KeepSmallReductions(),
+                    RespectThunderTags())
 
 
 @dataclass(frozen=True)
