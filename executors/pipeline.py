@@ -12,6 +12,10 @@ Written against lightning-thunder 0.2.6:
   ``thunder.last_backward_traces``; jit makes them with
   ``thunder.executors.passes.del_last_used``. The second wrapper appends thunder_remat's
   provenance line (what the pass did to the joint trace) to those traces' provenance.
+* What a compilation did is kept per compilation (``compile_stash``), with the executors its joint
+  trace was fused with and the jit call's cache info (``thunder._get_cache_info()``, live while
+  Thunder compiles), so that ``fuse_as_thunder_alone`` can later fuse the joint trace again as
+  Thunder alone would have, in the same state.
 """
 
 from __future__ import annotations
@@ -20,26 +24,21 @@ from collections.abc import Callable
 
 import thunder
 import thunder.executors.passes as _passes
-from thunder.core.compile_data import get_compile_data
 from thunder.core.trace import TraceProvenance
 from thunder.extend import FusionExecutor
 
+from thunder_remat.executors.base import cache_info_now, cache_info_restored
 from thunder_remat.executors.builtin_pass import activated, deferring_builds
+from thunder_remat.executors.compile_stash import compilation_of, stash, stashed_now
 from thunder_remat.executors.thunder_speedups import enable_for_compilation
 from thunder_remat.trace_facts import is_joint_trace
 
 __all__ = ["install", "record_provenance", "fuse_as_thunder_alone"]
 
-_ATTR = "_thunder_remat_provenance"
-#: the executors (thunder_remat's own left out) the joint trace of a compilation was fused with
-_EXECUTORS = "_thunder_remat_executors"
-
 
 def record_provenance(line: str) -> None:
     """Remember ``line`` for the compilation in progress, to stamp on the forward/backward traces."""
-    cd = get_compile_data()
-    if cd is not None:
-        setattr(cd, _ATTR, (*getattr(cd, _ATTR, ()), line))
+    stash("provenance", (*(stashed_now("provenance") or ()), line))
 
 
 def _unwrap(fn, marker: str):
@@ -60,17 +59,18 @@ def install(
         joint = is_joint_trace(trace)
         if not (fusing or joint):
             return original(trace, executors_list, *args, **kwargs)
-        cd = get_compile_data()
-        if cd is not None and hasattr(cd, _ATTR):
-            delattr(cd, _ATTR)
+        if stashed_now("provenance"):
+            stash("provenance", ())
         ours = executor_for_compilation(executors_list)
         others = tuple(ex for ex in executors_list if not is_ours(ex))
         if ours is None:
             return original(trace, others, *args, **kwargs)
         enable_for_compilation()
         if joint:
-            if cd is not None:
-                setattr(cd, _EXECUTORS, others)
+            # what fuse_as_thunder_alone needs to fuse this joint trace again as this compilation would
+            stash("executors", others)
+            info = cache_info_now()
+            stash("cache_info", dict(info) if info is not None else None)
             trace = plan_joint_trace(trace, ours)
         if not fusing:
             return original(trace, others, *args, **kwargs)
@@ -85,7 +85,7 @@ def install(
 
     def del_last_used(trace, *args, **kwargs):
         result = original_del(trace, *args, **kwargs)
-        lines = getattr(get_compile_data(), _ATTR, ())
+        lines = stashed_now("provenance")
         if lines:
             line = "; ".join(lines)
             previous = result.get_provenance()
@@ -98,22 +98,28 @@ def install(
     _passes.del_last_used = del_last_used
 
 
-def fuse_as_thunder_alone(jitted, joint):
-    """``joint`` (a joint trace of ``jitted``'s latest compilation) fused as Thunder does without
-    thunder_remat: the same executors, Thunder's own fusion-pair rematerialization included.
-    Region callables are not built; the trace is only read (what Thunder alone would save)."""
+def fuse_as_thunder_alone(jitted, joint, compilation: int | None = None):
+    """``joint`` (the joint trace of one compilation of ``jitted``: by default the one whose
+    computation last ran, else the index of its cache entry; see ``compile_stash``) fused as
+    Thunder does without thunder_remat: the same executors, Thunder's own fusion-pair
+    rematerialization included. Region callables are not built; the trace is only read (what
+    Thunder alone would save).
+
+    It runs as that compilation ran (Thunder 0.2.6): inside the function's compile data and stats
+    (``compile_data_and_stats``), its language context, and the cache info of the jit call that
+    compiled it (``thunder._cache_info_ctx``, which ``ltorch.full``/``ones`` read for the default
+    dtype and device when a fusion pass lowers them again)."""
     from thunder.core.compile_data import compile_data_and_stats
+    from thunder.core.langctxs import langctx
 
     cd, cs = thunder.compile_data(jitted), thunder.compile_stats(jitted)
-    executors = getattr(cd, _EXECUTORS, None)
+    record = compilation_of(jitted, compilation)
+    executors = None if record is None else record.get("executors")
     if executors is None:
-        raise ValueError("thunder_remat: no joint trace of this function was fused with thunder_remat on")
+        raise ValueError("thunder_remat: this compilation's joint trace was not fused with thunder_remat on")
     original = _unwrap(thunder.transform_for_execution, "_thunder_remat_pipeline")
-
-    # jit runs this under a cache-info context (some fusion passes read it): a fresh one here
-    @thunder._with_cache_info_ctx
-    def fuse():
+    # a copy: the fusion passes must not change the recorded cache info
+    info = record.get("cache_info")
+    with compile_data_and_stats(cd, cs), langctx(cd.langctx), deferring_builds(), \
+            cache_info_restored(dict(info) if info is not None else {}):
         return original(joint, executors, use_del_last_used=False)[-1]
-
-    with compile_data_and_stats(cd, cs), deferring_builds():
-        return fuse()

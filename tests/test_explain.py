@@ -5,9 +5,11 @@ import re
 
 import pytest
 import thunder
+import torch
 
 import thunder_remat
 from thunder_remat.executors.eager import eager_fusion_ex, make_eager_executor
+from thunder_remat.inspect.measure import saved_for_backward
 from thunder_remat.models import build_model, example_batch
 from helpers import train_built_in
 
@@ -144,3 +146,93 @@ def test_render_without_graphviz_says_how_to_install(tmp_path, monkeypatch):
 def test_explain_needs_a_called_function():
     with pytest.raises(ValueError, match="called once"):
         thunder_remat.explain(thunder.jit(lambda x: x))
+
+
+# --- one compilation described whole (issue 25) -------------------------------------------------
+
+def _tanh_chain(x, w1, w2):
+    return torch.tanh(torch.tanh(x @ w1) @ w2).pow(2).sum()
+
+
+def _weights():
+    torch.manual_seed(0)
+    return torch.randn(32, 48, requires_grad=True), torch.randn(48, 48, requires_grad=True)
+
+
+def _train(jm, rows, w1, w2):
+    """One forward (measuring what autograd keeps) and backward of ``jm`` on ``rows`` rows."""
+    out, saved = saved_for_backward(jm, torch.randn(rows, 32, requires_grad=True), w1, w2)
+    out.backward()
+    return saved.activation_bytes
+
+
+def test_explain_with_default_executors_and_a_factory_op():
+    """torch.full reads the default dtype and device from the jit call's cache info; the "before"
+    figure fuses the joint trace again under the cache info of the compilation it describes."""
+    def f(x):
+        return (x * torch.full((4, 4), 2.0) + torch.ones(4, 4)).sin().sum()
+
+    x = torch.randn(4, 4, requires_grad=True)
+    out, alone = saved_for_backward(thunder.jit(f), x)
+    out.backward()
+    jm = thunder.jit(f, remat=True)
+    out, ours = saved_for_backward(jm, x)
+    out.backward()
+    report = thunder_remat.explain(jm)
+    assert report.activation_bytes_before == alone.activation_bytes > 0
+    assert report.activation_bytes == ours.activation_bytes
+    assert "without thunder_remat" in str(report)
+
+
+def test_explain_and_the_plan_describe_the_compilation_that_last_ran():
+    w1, w2 = _weights()
+    alone = thunder.jit(_tanh_chain, executors=[eager_fusion_ex])
+    jm = thunder.jit(_tanh_chain, executors=[eager_fusion_ex], remat=True, remat_memory_budget=0.5)
+    alone_bytes = {rows: _train(alone, rows, w1, w2) for rows in (16, 64)}
+    ours = {rows: _train(jm, rows, w1, w2) for rows in (16, 64)}
+    assert alone_bytes[64] == 4 * alone_bytes[16]
+    assert _train(jm, 16, w1, w2) == ours[16]  # a cache hit: the 16-row computation runs again
+    report = thunder_remat.explain(jm)
+    assert report.activation_bytes_before == alone_bytes[16]
+    assert report.activation_bytes == ours[16]
+    plan = thunder_remat.last_save_plan(jm)
+    assert plan.choice.plan.saved_bytes == ours[16]
+    assert (report.compilation, report.compilations, report.inference) == (0, 2, False)
+    assert plan is thunder_remat.last_save_plan(jm, compilation=0) is not thunder_remat.last_save_plan(jm, compilation=1)
+    assert plan.choice.plan.saved_bytes == ours[16]
+    assert thunder_remat.plugin.last_joint_trace(jm) is thunder_remat.plugin.last_joint_trace(jm, compilation=0)
+    assert thunder_remat.last_pair_pass(jm) is thunder_remat.last_pair_pass(jm, compilation=0)
+    ops = {op.index: op for op in plan.problem.ops}
+    assert {r.name for r in report.recomputed if r.where.startswith("backward")} == {
+        name for i in plan.choice.plan.recomputed for name in ops[i].outputs}
+    # the other compilation, asked for by its cache entry
+    other = thunder_remat.explain(jm, compilation=1)
+    assert (other.activation_bytes_before, other.activation_bytes) == (alone_bytes[64], ours[64])
+    assert thunder_remat.plugin.thunder_alone_saved_bytes(jm, compilation=1) == alone_bytes[64]
+    assert json.loads(json.dumps(report.to_dict()))["compilation"] == 0
+
+
+def test_a_no_grad_call_is_reported_as_an_inference_compilation():
+    w1, w2 = _weights()
+    alone = thunder.jit(_tanh_chain, executors=[eager_fusion_ex])
+    jm = thunder.jit(_tanh_chain, executors=[eager_fusion_ex], remat=True, remat_memory_budget=0.5)
+    alone_bytes, ours = _train(alone, 16, w1, w2), _train(jm, 16, w1, w2)
+    training = thunder_remat.last_save_plan(jm)
+    with torch.no_grad():
+        jm(torch.randn(16, 32), w1, w2)
+    report = thunder_remat.explain(jm)
+    assert report.saved == [] and report.activation_bytes_before == 0 and report.recomputed == [
+        r for r in report.recomputed if not r.where.startswith("backward")]
+    assert report.inference and report.compilation == 1 and report.training_compilations == [0]
+    assert "inference compilation" in str(report) and "training compilations: 0" in str(report)
+    assert thunder_remat.last_save_plan(jm) is None and thunder_remat.plugin.last_joint_trace(jm) is None
+    assert thunder_remat.plugin.thunder_alone_saved_bytes(jm) is None
+    assert thunder_remat.last_pair_pass(jm) is not thunder_remat.last_pair_pass(jm, compilation=0)
+    # the training compilation, asked for by index, and again by default once it runs again
+    for report in (thunder_remat.explain(jm, compilation=0), None):
+        if report is None:
+            assert _train(jm, 16, w1, w2) == ours
+            report = thunder_remat.explain(jm)
+            assert thunder_remat.last_save_plan(jm) is training
+        assert not report.inference and report.compilation == 0
+        assert (report.activation_bytes_before, report.activation_bytes) == (alone_bytes, ours)

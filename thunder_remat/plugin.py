@@ -163,36 +163,47 @@ def is_remat_executor(ex) -> bool:
     return isinstance(ex, RematFusionExecutor)
 
 
-def last_pair_pass(jitted) -> PairPassResult | None:
-    """What the fusion-pair pass did in the latest compilation of ``jitted`` (None if it did not run)."""
-    return stashed(jitted, "pair_result")
+# The accessors below describe one compilation (one cache entry) of ``jitted``, whole: by default
+# the one whose computation last ran (another input shape, a cache hit, a ``torch.no_grad`` call
+# each switch it); ``compilation=i`` picks the i-th cache entry of
+# ``thunder.compile_stats(jitted).interpreter_cache`` instead (executors/compile_stash.py).
 
 
-def last_save_plan(jitted) -> SavePassResult | None:
-    """What the whole-graph pass chose in the latest compilation of ``jitted`` (None if it did not run)."""
-    return stashed(jitted, "save_result")
+def last_pair_pass(jitted, *, compilation: int | None = None) -> PairPassResult | None:
+    """What the fusion-pair pass did in the compilation of ``jitted`` whose computation last ran
+    (or cache entry ``compilation``); None if it did not run."""
+    return stashed(jitted, "pair_result", compilation)
 
 
-def last_joint_trace(jitted):
-    """The joint forward+backward trace Thunder made in the latest compilation of ``jitted``, as
-    thunder_remat first saw it (before any pass; None if thunder_remat was off)."""
-    return stashed(jitted, "joint_trace")
+def last_save_plan(jitted, *, compilation: int | None = None) -> SavePassResult | None:
+    """What the whole-graph pass chose in the compilation of ``jitted`` whose computation last ran
+    (or cache entry ``compilation``); None if it did not run (thunder_remat off, or an inference
+    compilation: no backward, nothing to plan)."""
+    return stashed(jitted, "save_result", compilation)
 
 
-def thunder_alone_saved_bytes(jitted) -> int | None:
-    """Activation storage bytes Thunder without thunder_remat saves for the joint trace of
-    ``jitted``'s latest compilation: the same executors fuse it, Thunder's own fusion-pair pass
-    runs, then its forward/backward split (computed once, on first request; None if
-    thunder_remat was off)."""
+def last_joint_trace(jitted, *, compilation: int | None = None):
+    """The joint forward+backward trace Thunder made in the compilation of ``jitted`` whose
+    computation last ran (or cache entry ``compilation``), as thunder_remat first saw it (before
+    any pass; None if thunder_remat was off or the compilation has no backward)."""
+    return stashed(jitted, "joint_trace", compilation)
+
+
+def thunder_alone_saved_bytes(jitted, *, compilation: int | None = None) -> int | None:
+    """Activation storage bytes Thunder without thunder_remat saves for the joint trace of the
+    compilation of ``jitted`` whose computation last ran (or cache entry ``compilation``): the same
+    executors fuse it, under that compilation's cache info, Thunder's own fusion-pair pass runs,
+    then its forward/backward split (computed once per compilation, on first request; None if
+    that compilation has no joint trace: thunder_remat off, or an inference compilation)."""
     from thunder_remat.executors.pipeline import fuse_as_thunder_alone
     from thunder_remat.trace_facts import forward_storages, thunder_split
 
-    joint = last_joint_trace(jitted)
+    joint = last_joint_trace(jitted, compilation=compilation)
     if joint is None:
         return None
-    cached = stashed(jitted, "alone")
-    if cached is None or cached[0] is not joint:
-        fused = fuse_as_thunder_alone(jitted, joint)
-        cached = (joint, forward_storages(fused, with_backward=True).bytes_held(thunder_split(fused).saved))
-        stash_for(jitted, "alone", cached)
-    return cached[1]
+    cached = stashed(jitted, "alone", compilation)
+    if cached is None:
+        fused = fuse_as_thunder_alone(jitted, joint, compilation)
+        cached = forward_storages(fused, with_backward=True).bytes_held(thunder_split(fused).saved)
+        stash_for(jitted, "alone", cached, compilation)
+    return cached

@@ -4,6 +4,13 @@ The saved values are read from the forward trace Thunder will run (``thunder.las
 returns them as its second output), and counted in storages (a saved view keeps its base alive;
 ``thunder_remat.storage``), so the report's totals are what a real forward keeps. Each is
 explained from the whole-graph plan and the fusion-pair records of the same compilation.
+
+A jitted function has one compilation per cache entry (another input shape, a ``torch.no_grad``
+call, ...). The report describes one of them, whole: by default the one whose computation last
+ran, else ``explain(jm, compilation=i)``, the i-th entry of
+``thunder.compile_stats(jm).interpreter_cache``. A compilation without a backward (an inference
+one: a call under ``torch.no_grad``, or without inputs that require grad) saves nothing; its
+report says so and lists the training compilations.
 """
 
 from __future__ import annotations
@@ -57,6 +64,15 @@ class RematReport:
     rewritten_cost: float = 0.0
     times_ms: dict = field(default_factory=dict)
     pairs: list[dict] = field(default_factory=list)
+    #: the compilation described: its index in ``thunder.compile_stats(jm).interpreter_cache``
+    #: (None when Thunder did not cache it)
+    compilation: int | None = None
+    #: how many compilations (cache entries) the function has
+    compilations: int = 0
+    #: the compilation has no backward (a call under ``torch.no_grad``): nothing is saved for backward
+    inference: bool = False
+    #: indexes of the compilations with a backward (pass one as ``explain(jm, compilation=i)``)
+    training_compilations: list[int] = field(default_factory=list)
 
     @property
     def activation_bytes(self) -> int:
@@ -87,10 +103,22 @@ class RematReport:
             "rewritten_cost": self.rewritten_cost,
             "times_ms": dict(self.times_ms),
             "pairs": list(self.pairs),
+            "compilation": self.compilation,
+            "compilations": self.compilations,
+            "inference": self.inference,
+            "training_compilations": list(self.training_compilations),
         }
 
     def __str__(self) -> str:
         lines = ["thunder_remat report"]
+        if self.compilations > 1 and self.compilation is not None:
+            lines[0] += (f", compilation {self.compilation} of {self.compilations} "
+                         "(thunder_remat.explain(fn, compilation=i) for another)")
+        if self.inference:
+            others = ", ".join(map(str, self.training_compilations)) or "none"
+            lines.append("  inference compilation (no backward: called under torch.no_grad or without inputs "
+                         "that require grad), nothing saved for backward; training compilations: "
+                         f"{others} (thunder_remat.explain(fn, compilation=i))")
         if self.budget:
             lines.append(f"  budget: {self.budget}{'' if self.budget_feasible else ' (infeasible: smallest plan used)'}")
         before = "?" if self.activation_bytes_before is None else f"{self.activation_bytes_before:,}"
@@ -106,6 +134,8 @@ class RematReport:
             lines.append("  pass times: " + ", ".join(f"{k} {v:.1f} ms" for k, v in self.times_ms.items()))
         lines.append("  saved for backward:")
         width = max((len(v.name) for v in self.saved), default=4)
+        if not self.saved:
+            lines.append("    (nothing)")
         for v in sorted(self.saved, key=lambda v: (-v.nbytes, v.name)):
             shape = "x".join(str(d) for d in v.shape) or "scalar"
             where = f" at {v.source}" if v.source else ""
@@ -153,23 +183,33 @@ def _times(pass_name: str, result) -> dict[str, float]:
     return {f"{pass_name} {stage}": times[stage] for stage in result.STAGES}
 
 
-def explain(jitted) -> RematReport:
-    """The report for the latest compilation of ``jitted`` (call it once first)."""
-    import thunder
+def explain(jitted, compilation: int | None = None) -> RematReport:
+    """The report for the compilation of ``jitted`` whose computation last ran (call it once
+    first), or for the ``compilation``-th entry of ``thunder.compile_stats(jitted).interpreter_cache``."""
     from thunder.core.proxies import TensorProxy
     from thunder.core.pytree import tree_flatten
 
     from thunder_remat.cost import value_bytes
+    from thunder_remat.executors.compile_stash import (compilations, computation_traces_of, is_inference,
+                                                       last_index, training_compilations)
     from thunder_remat.plugin import last_pair_pass, last_save_plan, thunder_alone_saved_bytes
     from thunder_remat.storage import storage_map
 
     try:
-        fw = thunder.last_traces(jitted)[-1]
+        fw = computation_traces_of(jitted, compilation)[-1]
+    except IndexError:
+        raise
     except Exception as exc:
         raise ValueError("thunder_remat.explain needs a thunder.jit-ed function that has been called once") from exc
-    save = last_save_plan(jitted)
-    pairs = last_pair_pass(jitted)
-    report = RematReport()
+    save = last_save_plan(jitted, compilation=compilation)
+    pairs = last_pair_pass(jitted, compilation=compilation)
+    count = len(compilations(jitted))
+    report = RematReport(
+        compilation=(compilation % count) if compilation is not None else last_index(jitted),
+        compilations=count,
+        training_compilations=training_compilations(jitted),
+        inference=is_inference(jitted, compilation),
+    )
     problem = plan = None
     producer = {}
     if save is not None and save.choice is not None:
@@ -192,11 +232,13 @@ def explain(jitted) -> RematReport:
                 report.recomputed.append(RecomputedValue(name, ops[i].op, where))
 
     args = {p.name for p in tree_flatten((fw.args, fw.kwargs))[0] if hasattr(p, "name")}
-    flat, _ = tree_flatten(fw.output[1] if isinstance(fw.output, tuple) and len(fw.output) > 1 else ())
+    # a training forward returns (outputs, saved for backward); an inference one its outputs only
+    saved_out = () if report.inference else fw.output[1] if isinstance(fw.output, tuple) and len(fw.output) > 1 else ()
+    flat, _ = tree_flatten(saved_out)
     # Storages from the forward trace itself: its names are the saved values' (Thunder's torch
     # executor renames the values of ops it claims, so the joint trace's names may differ)
     storages = storage_map(fw.bound_symbols, tree_flatten((fw.args, fw.kwargs))[0])
-    report.activation_bytes_before = thunder_alone_saved_bytes(jitted)
+    report.activation_bytes_before = 0 if report.inference else thunder_alone_saved_bytes(jitted, compilation=compilation)
     seen = set()
     for p in flat:
         if not isinstance(p, TensorProxy) or p.name in seen:
