@@ -1,0 +1,376 @@
+"""Measured step peak against warm step time: eager, checkpointing, torch.compile, Thunder, thunder_remat.
+
+For one model, each configuration is built fresh (same seed, same weights), run twice (compile,
+warm up), timed over ``--reps`` warm steps (median), then one more step runs with the model's
+gradients set to None under ``thunder_remat.inspect.measure.allocator_step_peak``: every
+allocation and free on the device, compiled code (Inductor's buffers, Thunder's fusion regions)
+included; the peak is the most bytes allocated at once above what was allocated when the step
+began (on CPU from the profiler's memory events, on CUDA from ``max_memory_allocated``). A step
+is ``loss = out.float().pow(2).mean(); loss.backward()``; its gradients are compared with eager
+PyTorch (allclose, ``--atol``/``--rtol``). Configurations:
+
+* ``eager``: plain PyTorch;
+* ``checkpoint``: eager with ``torch.utils.checkpoint`` (non-reentrant) around every block (the
+  built-in models' ``blocks``, litgpt's ``transformer.h``, transformers' ``layers``/``layer``/``h``);
+* ``inductor`` / ``aot_eager``: ``torch.compile(backend=...)`` with
+  ``torch._functorch.config.activation_memory_budget`` at each ``--budgets`` fraction;
+* ``thunder``: ``thunder.jit`` with Thunder's default executors (no fusion on CPU), without and
+  with thunder_remat (``remat=True, remat_memory_budget=b``);
+* ``thunder-tc``: the same with ``executors=[torch_compile_ex]`` (Thunder's torch.compile
+  executor: fusion regions compiled by Inductor).
+
+Also reported: the activation bytes the forward saves for backward (saved_tensors_hooks, storages
+not shared with inputs or parameters) and, for thunder_remat, its own step-peak estimate
+(``last_save_plan(jm).peak_estimate``; where the plan made none, the walk of its rewritten joint
+trace, ``whole_graph.peak.estimate_peak_bytes``, marked ``*``). Both estimates model the unfused
+joint trace: each value freed after its last read.
+
+Models: the built-in ``mlp``, ``gpt``, ``llama`` (``--size`` preset, ``--layers`` overrides its
+depth), any zoo model by name (``thunder_remat.zoo``, e.g. ``"litgpt Llama-3.2-1B"``, shaped by
+``--layers --width --tokens --batch``), and ``litgpt-llama`` for the zoo's LLaMA-style litgpt model.
+
+Usage::
+
+    python benchmarks/peak_frontier.py out.md --model gpt --size small
+    python benchmarks/peak_frontier.py out.md --model litgpt-llama --layers 8 --width 128 --tokens 128 --batch 4 \\
+        --configs eager,thunder-tc --budgets 1,0.5,0.15,0 --plot out.png
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import statistics
+import sys
+import time
+import warnings
+from dataclasses import dataclass
+
+log = logging.getLogger("peak_frontier")
+
+BUDGETS = (1.0, 0.5, 0.15, 0.05, 0.0)
+CONFIGS = ("eager", "checkpoint", "inductor", "aot_eager", "thunder", "thunder-tc")
+BUILT_IN = ("mlp", "gpt", "llama")
+ALIASES = {"litgpt-llama": "litgpt Llama-3.2-1B"}
+#: attribute paths where a model keeps its repeated blocks (first match wins)
+BLOCK_PATHS = ("blocks", "transformer.h", "model.layers", "layers", "encoder.layer", "transformer.layers", "h")
+
+
+def parse_args(argv=None):
+    from thunder_remat import zoo
+    from thunder_remat.models import SIZES
+
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("output", help="path of the markdown table to write")
+    p.add_argument("--model", default="gpt",
+                   help=f"built-in {list(BUILT_IN)}, a zoo model name, or {list(ALIASES)} (default: gpt)")
+    p.add_argument("--size", default="small", choices=list(SIZES), help="built-in models' preset (default: small)")
+    p.add_argument("--layers", type=int, help="number of blocks (built-in: overrides the preset; zoo: default 2)")
+    p.add_argument("--width", type=int, default=64, help="zoo models' width (default: 64)")
+    p.add_argument("--tokens", type=int, default=16, help="zoo models' sequence length (default: 16)")
+    p.add_argument("--batch", type=int, default=2, help="zoo models' batch (default: 2)")
+    p.add_argument("--budgets", default=",".join(map(str, BUDGETS)),
+                   help="comma list of fractions in [0, 1], for torch.compile and thunder_remat alike")
+    p.add_argument("--configs", default=",".join(CONFIGS), help=f"comma list of {list(CONFIGS)} (default: all)")
+    p.add_argument("--reps", type=int, default=3, help="warm steps timed per configuration (default: 3)")
+    p.add_argument("--atol", type=float, default=1e-5)
+    p.add_argument("--rtol", type=float, default=1e-4)
+    p.add_argument("--threads", type=int, default=2, help="torch.set_num_threads (default: 2)")
+    p.add_argument("--plot", help="also draw measured peak against warm step time to this image")
+    p.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    args = p.parse_args(argv)
+
+    args.model = ALIASES.get(args.model, args.model)
+    if args.model not in BUILT_IN and args.model not in zoo.zoo_names():
+        p.error(f"unknown --model {args.model!r}; choose from {list(BUILT_IN)}, {list(ALIASES)} "
+                f"or the zoo: {zoo.zoo_names()}")
+    if args.model not in BUILT_IN and not zoo.available(zoo.zoo_model(args.model)):
+        p.error(f"--model {args.model!r} needs {zoo.zoo_model(args.model).requires}, which is not installed")
+    for name in ("layers", "width", "tokens", "batch", "reps", "threads"):
+        value = getattr(args, name)
+        if value is not None and value < 1:
+            p.error(f"--{name} must be a positive integer, got {value}")
+    try:
+        args.budgets = [float(b) for b in args.budgets.split(",") if b.strip()]
+    except ValueError:
+        p.error(f"--budgets must be a comma list of numbers in [0, 1], got {args.budgets!r}")
+    if not args.budgets or any(not 0.0 <= b <= 1.0 for b in args.budgets):
+        p.error(f"--budgets must be a non-empty comma list of fractions in [0, 1], got {args.budgets}")
+    args.configs = [c.strip() for c in args.configs.split(",") if c.strip()]
+    bad = [c for c in args.configs if c not in CONFIGS]
+    if bad or not args.configs:
+        p.error(f"unknown --configs {bad}; choose from {list(CONFIGS)}")
+    return args
+
+
+@dataclass
+class Workload:
+    """How to build a fresh copy of the model, its inputs, and the loss of its output."""
+
+    label: str
+    build: object  # () -> (model, args tuple, kwargs dict)
+    loss: object  # output -> scalar tensor
+
+
+def workload(args) -> Workload:
+    import torch
+
+    if args.model in BUILT_IN:
+        from thunder_remat.models import BUILDERS, SIZES, ModelSpec, example_batch
+
+        spec = SIZES[args.size]
+        if args.layers is not None:
+            spec = ModelSpec(**{**spec.__dict__, "n_layer": args.layers})
+
+        def build():
+            torch.manual_seed(0)
+            model = BUILDERS[args.model](spec)
+            model.spec = spec
+            return model, (example_batch(model),), {}
+
+        label = (f"built-in {args.model} ({spec.n_layer} layers, width {spec.n_embd}, seq {spec.seq_len}, "
+                 f"batch {spec.batch})")
+        return Workload(label, build, lambda out: out.float().pow(2).mean())
+
+    from thunder_remat import zoo
+
+    entry = zoo.zoo_model(args.model)
+    shape = zoo.ZooShape(batch=args.batch, tokens=args.tokens, width=args.width, layers=args.layers or 2)
+
+    def build():
+        torch.manual_seed(0)
+        model = entry.build(shape)
+        return model, (), entry.inputs(shape, torch.Generator().manual_seed(1))
+
+    label = f"{args.model} ({shape.layers} layers, width {shape.width}, seq {shape.tokens}, batch {shape.batch})"
+    return Workload(label, build, lambda out: entry.output(out).float().pow(2).mean())
+
+
+def find_blocks(model):
+    """The ModuleList of the model's repeated blocks, or None."""
+    from torch import nn
+
+    for path in BLOCK_PATHS:
+        node = model
+        for part in path.split("."):
+            node = getattr(node, part, None)
+            if node is None:
+                break
+        if isinstance(node, nn.ModuleList) and len(node):
+            return node
+    return None
+
+
+def checkpoint_blocks(model) -> int:
+    """Wrap every block's forward in non-reentrant ``torch.utils.checkpoint``; returns how many."""
+    import torch.utils.checkpoint as cp
+
+    blocks = find_blocks(model)
+    if blocks is None:
+        return 0
+    for block in blocks:
+        forward = block.forward
+
+        def checkpointed(*a, _forward=forward, **k):
+            return cp.checkpoint(_forward, *a, use_reentrant=False, **k)
+
+        block.forward = checkpointed
+    return len(blocks)
+
+
+@dataclass
+class Row:
+    system: str
+    executor: str
+    budget: str
+    peak: int | None = None
+    estimate: str = "-"
+    saved: int | None = None
+    step_ms: float | None = None
+    first_ms: float | None = None
+    grads: str = "-"
+    note: str = ""
+
+
+def compile_config(config: str, budget: float | None):
+    """(system, executor, budget label, model -> callable) of one configuration."""
+    import torch
+
+    if config == "eager":
+        return "eager", "-", "-", lambda m: m
+    if config == "checkpoint":
+        def wrap(m):
+            if not checkpoint_blocks(m):
+                raise ValueError(f"found no blocks to checkpoint (looked at {BLOCK_PATHS})")
+            return m
+        return "eager + checkpoint per block", "-", "-", wrap
+    if config in ("inductor", "aot_eager"):
+        def wrap(m, backend=config):
+            torch._dynamo.reset()
+            return torch.compile(m, backend=backend)
+        return "torch.compile", config, f"{budget:g}", wrap
+    import thunder
+
+    executors = None
+    if config == "thunder-tc":
+        from thunder.executors.torch_compile import torch_compile_ex
+
+        executors = [torch_compile_ex]
+    name = "torch.compile ex" if executors else "default"
+    options = {} if budget is None else {"remat": True, "remat_memory_budget": budget}
+    system = "Thunder" if budget is None else "thunder_remat"
+
+    def wrap(m):
+        return thunder.jit(m, executors=executors, **options) if executors else thunder.jit(m, **options)
+
+    return system, name, "-" if budget is None else f"{budget:g}", wrap
+
+
+def run_config(work: Workload, config: str, budget: float | None, reference, args, device) -> Row:
+    import torch
+
+    import thunder_remat
+    from thunder_remat.inspect.measure import allocator_step_peak, saved_for_backward
+
+    system, executor, label, wrap = compile_config(config, budget)
+    row = Row(system, executor, label)
+    model, inputs, kwargs = work.build()
+    run = wrap(model)
+
+    def step():
+        work.loss(run(*inputs, **kwargs)).backward()
+
+    patch = {}
+    if config in ("inductor", "aot_eager"):
+        patch = {"activation_memory_budget": budget}
+    with torch._functorch.config.patch(**patch):
+        start = time.perf_counter()
+        step()  # compiles
+        row.first_ms = 1e3 * (time.perf_counter() - start)
+        model.zero_grad(set_to_none=True)
+        step()
+        grads = [p.grad for p in model.parameters()]
+        from thunder_remat.zoo import same_gradients
+
+        ok = same_gradients(grads, reference, atol=args.atol, rtol=args.rtol)
+        worst = max((float((g - r).abs().max()) for g, r in zip(grads, reference) if g is not None and r is not None),
+                    default=0.0)
+        row.grads = f"{'yes' if ok else 'NO'} ({worst:.1e})"
+        times = []
+        for _ in range(args.reps):
+            model.zero_grad(set_to_none=True)
+            start = time.perf_counter()
+            step()
+            times.append(time.perf_counter() - start)
+        row.step_ms = 1e3 * statistics.median(times)
+        model.zero_grad(set_to_none=True)
+        out, saved = saved_for_backward(run, *inputs, held=list(model.parameters()) + list(model.buffers()), **kwargs)
+        row.saved = saved.activation_bytes
+        del out
+        model.zero_grad(set_to_none=True)
+        row.peak = allocator_step_peak(step, device).peak_bytes
+    if system == "thunder_remat":
+        plan = thunder_remat.last_save_plan(run)
+        if plan is not None and plan.peak_estimate is not None:
+            row.estimate = _mb(plan.peak_estimate)
+        elif plan is not None and plan.trace is not None:
+            from thunder_remat.whole_graph.peak import estimate_peak_bytes
+
+            row.estimate = _mb(estimate_peak_bytes(plan.trace)) + "*"
+        if plan is not None and plan.failure:
+            row.note = f"plan failed: {plan.failure}"
+    return row
+
+
+def _mb(n) -> str:
+    return "-" if n is None else f"{n / 1e6:.3f}"
+
+
+def table(rows, work, device) -> str:
+    lines = [f"Model: {work.label}, fp32, {device}. Peak: allocator bytes above the step's start "
+             "(gradients set to None before the step). Estimate: thunder_remat's own (unfused trace; "
+             "* = walk of the rewritten joint trace).", "",
+             "| system | executor | budget | measured peak MB | thunder_remat estimate MB | saved activations MB "
+             "| warm step ms | first call s | grads = eager (max abs diff) |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        step = "-" if r.step_ms is None else f"{r.step_ms:.1f}"
+        first = "-" if r.first_ms is None else f"{r.first_ms / 1e3:.1f}"
+        grads = r.grads + (f"; {r.note}" if r.note else "")
+        lines.append(f"| {r.system} | {r.executor} | {r.budget} | {_mb(r.peak)} | {r.estimate} | {_mb(r.saved)} "
+                     f"| {step} | {first} | {grads} |")
+    return "\n".join(lines) + "\n"
+
+
+def plot(rows, path: str, title: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(8, 5.5))
+    groups = {}
+    for r in rows:
+        if r.peak is not None and r.step_ms is not None:
+            groups.setdefault(f"{r.system} ({r.executor})" if r.executor != "-" else r.system, []).append(r)
+    for name, rs in groups.items():
+        ax.plot([r.step_ms for r in rs], [r.peak / 1e6 for r in rs], "o-" if len(rs) > 1 else "o", label=name)
+        for r in rs:
+            if r.budget != "-":
+                ax.annotate(r.budget, (r.step_ms, r.peak / 1e6), fontsize=7, xytext=(3, 3), textcoords="offset points")
+    ax.set_xlabel("warm step time (ms)")
+    ax.set_ylabel("measured step peak (MB)")
+    ax.set_title(title, fontsize=9)
+    ax.legend(fontsize=7)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
+                        format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    warnings.filterwarnings("ignore")
+    import torch
+
+    torch.set_num_threads(args.threads)
+    device = "cpu"
+    work = workload(args)
+    log.info("model: %s", work.label)
+    model, inputs, kwargs = work.build()
+    work.loss(model(*inputs, **kwargs)).backward()
+    reference = [p.grad for p in model.parameters()]
+    del model
+
+    plan = []
+    for config in args.configs:
+        if config in ("eager", "checkpoint"):
+            plan.append((config, None))
+        elif config in ("inductor", "aot_eager"):
+            plan.extend((config, b) for b in args.budgets)
+        else:
+            plan.extend([(config, None)] + [(config, b) for b in args.budgets])
+    rows = []
+    for i, (config, budget) in enumerate(plan, 1):
+        log.info("[%d/%d] %s%s", i, len(plan), config, "" if budget is None else f" at budget {budget:g}")
+        try:
+            row = run_config(work, config, budget, reference, args, device)
+        except Exception as exc:  # one configuration failing must not lose the others
+            log.exception("%s at %s failed", config, budget)
+            system, executor, label, _ = compile_config(config, budget)
+            row = Row(system, executor, label, note=f"failed: {type(exc).__name__}: {str(exc)[:120]}")
+        log.info("  peak %s MB, estimate %s, step %s ms, grads %s", _mb(row.peak), row.estimate,
+                 "-" if row.step_ms is None else f"{row.step_ms:.1f}", row.grads)
+        rows.append(row)
+        with open(args.output, "w") as f:  # written after every row: a long run can be read as it goes
+            f.write(table(rows, work, device))
+    if args.plot:
+        plot(rows, args.plot, work.label)
+        log.info("plot: %s", args.plot)
+    print(table(rows, work, device))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
