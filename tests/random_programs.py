@@ -2,8 +2,10 @@
 
 A program is a list of steps over a pool of tensors that starts with the inputs. Each step reads
 one or two pool entries (chosen at random, so values get any number of consumers) and appends a
-result: pointwise, broadcasting, reduction, reshape/view, matmul, dropout or an in-place update of
-a fresh copy. The function returns the sum of the last pool entries' squares.
+result: pointwise, broadcasting, reduction, reshape/view, matmul, dropout, or an in-place write
+(``WRITES``: into a fresh copy, a matmul's output, a view of a base, a mask by slice assignment,
+an integer tensor). Operands are drawn from the whole pool, so a value often has a second use far
+from its first. The function returns the sum of the last pool entries' squares.
 """
 
 from __future__ import annotations
@@ -24,7 +26,10 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 TOLERANCE = {torch.float32: (1e-5, 1e-4), torch.bfloat16: (2e-2, 2e-2), torch.float16: (2e-3, 2e-3)}
 
 UNARY = ("tanh", "sigmoid", "relu", "neg", "exp_small", "scale")
-STEPS = UNARY + ("add", "mul", "bias", "row_sum", "reshape", "transpose2", "matmul", "dropout", "inplace", "int_mix")
+#: in-place writes into intermediates: a fresh copy, a matmul's output, through a view into its
+#: base, a mask built by slice assignment, an integer tensor that needs no gradient
+WRITES = ("inplace", "inplace_matmul", "inplace_view", "mask", "int_inplace")
+STEPS = UNARY + ("add", "mul", "bias", "row_sum", "reshape", "transpose2", "matmul", "dropout", "int_mix") + WRITES
 
 
 @dataclass(frozen=True)
@@ -87,6 +92,23 @@ def _apply(kind, a, c, w, b, k):
         return t
     if kind == "int_mix":
         return a + k.to(a.dtype) * 0.1
+    if kind == "inplace_matmul":
+        t = a @ w
+        t += torch.tanh(c)
+        return t
+    if kind == "inplace_view":
+        t = a * 1.0
+        t[:, : t.shape[1] // 2] *= 2.0
+        return t
+    if kind == "mask":
+        half = a.shape[1] // 2
+        m = torch.zeros_like(a)
+        m[:, :half] = c[:, :half].masked_fill(c[:, :half] > 0, -1.0)
+        return a + m
+    if kind == "int_inplace":
+        buckets = k.clone()
+        buckets += (k > 0).to(k.dtype) * 2
+        return a * buckets.to(a.dtype)
     raise ValueError(kind)
 
 

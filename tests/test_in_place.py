@@ -156,3 +156,119 @@ def test_a_read_of_an_overwritten_matmul_output_is_reported():
     import thunder_remat
 
     assert "in-place write" in thunder_remat.last_save_plan(r.jitted).failure
+
+
+def biased_attention(x, wq, wk, w2, bias):
+    """T5's attention: a position bias added in place to a matmul's output, and a second use of the
+    probabilities far from the first (more backward ops in between than the reuse window)."""
+    s = (x @ wq) @ (x @ wk).transpose(-1, -2)
+    s += bias
+    p = torch.softmax(s, dim=-1)
+    h = p @ x
+    for _ in range(8):
+        h = torch.tanh(h @ w2)
+    return (h + p @ x).sum()
+
+
+def biased_attention_inputs():
+    g = torch.Generator().manual_seed(0)
+    x, wq, wk = torch.randn(2, 8, 16, generator=g), torch.randn(16, 16, generator=g), torch.randn(16, 16, generator=g)
+    return x, wq, wk, torch.randn(16, 16, generator=g) / 4, torch.randn(2, 8, 8, generator=g)
+
+
+@pytest.mark.parametrize("budget", [0.5, 0.0])
+def test_a_write_chain_copied_again_for_a_far_use_writes_once(budget):
+    """The backward copies the write chain once and keeps it: a second copy for the far use would
+    add the bias again into the matmul copy the first one wrote into (wrong gradients, no warning)."""
+    import warnings
+
+    import thunder_remat
+
+    args = [a.requires_grad_() for a in biased_attention_inputs()]
+    eager = [a.detach().clone().requires_grad_() for a in args]
+    biased_attention(*eager).pow(2).backward()
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message="thunder_remat")
+        r = run(biased_attention, args, executors=[], remat=True, remat_memory_budget=budget)
+    assert thunder_remat.last_save_plan(r.jitted).failure is None
+    for got, want in zip(r.grads, (a.grad for a in eager)):
+        torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
+
+
+def test_verify_rejects_a_write_run_twice_into_one_storage():
+    """A hand-made rewrite: the backward runs the bias write once more into the matmul output the
+    forward already wrote into (what the old copy schedule did). Every read is of a value made
+    before it and nothing reads stale data by name: only counting the storage's writes finds it."""
+    from thunder.core.proxies import variableify
+    from thunder.core.symbol import BoundSymbolTag
+    from thunder.core.trace import from_trace, tracectx
+
+    from thunder_remat.plugin import last_joint_trace
+    from thunder_remat.verify import verify
+
+    args = [a.requires_grad_() for a in biased_attention_inputs()]
+    r = run(biased_attention, args, executors=[], remat=True, remat_whole_graph=False)
+    joint = last_joint_trace(r.jitted)
+    assert verify(joint, joint) == []
+    write = next(b for b in joint.bound_symbols if b.sym.name == "copy_")
+    first_backward = next(i for i, b in enumerate(joint.bound_symbols) if BoundSymbolTag.BACKWARD in b.tags)
+    bad = from_trace(joint)
+    with tracectx(bad):
+        out = write.flat_proxy_outs[0]
+        again = write.from_bsym_swap_proxies({variableify(out): out.replace_name(f"{out.name}_again")},
+                                             skip_output=False)
+    bad.bound_symbols = [*joint.bound_symbols[:first_backward], again, *joint.bound_symbols[first_backward:]]
+    problems = verify(joint, bad)
+    assert any("receives 2 in-place write(s)" in p for p in problems), problems
+
+
+def slice_assigned_mask(x, w):
+    """A mask built by slice assignment (Gemma-2's sliding window, BLOOM's and Swin's masks)."""
+    m = torch.full((8, 8), -1e9).triu(1).clone()
+    m[:, :4] = m[:, :4].masked_fill(m[:, :4] == 0, -1e9)
+    return torch.softmax((x @ w) @ x.transpose(-1, -2) + m, -1) @ x
+
+
+@pytest.mark.parametrize("budget", [1.0, 0.5, 0.0])
+def test_a_mask_built_by_slice_assignment_is_planned(budget):
+    """``m[:, :4] = ...`` is ``copy_with_setitem`` (a copy) then ``copy_`` (the write). Copies of
+    the write chain read the values they were made from; the plan is rewritten, not failed."""
+    import thunder_remat
+
+    g = torch.Generator().manual_seed(0)
+    args = (torch.randn(2, 8, 16, generator=g).requires_grad_(), (torch.randn(16, 16, generator=g) / 4).requires_grad_())
+    eager = [a.detach().clone().requires_grad_() for a in args]
+    slice_assigned_mask(*eager).pow(2).sum().backward()
+    r = run(slice_assigned_mask, args, executors=[], remat=True, remat_memory_budget=budget)
+    assert thunder_remat.last_save_plan(r.jitted).failure is None
+    for got, want in zip(r.grads, (a.grad for a in eager)):
+        torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-4)
+
+
+def position_buckets(x, w, table):
+    """T5's relative position buckets: ``+=`` on integer tensors that need no gradient."""
+    rel = torch.arange(8)[None, :] - torch.arange(8)[:, None]
+    buckets = torch.zeros_like(rel)
+    buckets += (rel > 0).to(torch.long) * 4
+    rel = torch.abs(rel)
+    buckets += torch.where(rel < 2, rel, torch.full_like(rel, 3))
+    bias = torch.nn.functional.embedding(buckets, table).permute(2, 0, 1)
+    return torch.softmax((x @ w) @ x.transpose(-1, -2) + bias, -1) @ x
+
+
+@pytest.mark.parametrize("executors", ["no regions", pytest.param("torch.compile", marks=pytest.mark.inductor)])
+def test_an_in_place_method_on_a_fresh_tensor_may_run_again(executors):
+    """``add_`` into a tensor made in the forward is judged like ``copy_`` (it runs again only with
+    its destination), not banned: at 1.0 thunder_remat saves no more than Thunder alone, which
+    recomputes the buckets in the backward."""
+    from thunder.executors.torch_compile import torch_compile_ex
+
+    chosen = [torch_compile_ex] if executors == "torch.compile" else []
+    g = torch.Generator().manual_seed(0)
+    args = (torch.randn(2, 8, 16, generator=g).requires_grad_(), (torch.randn(16, 16, generator=g) / 4).requires_grad_(),
+            torch.randn(8, 2, generator=g).requires_grad_())
+    alone = run(position_buckets, args, executors=chosen)
+    ours = run(position_buckets, args, executors=chosen, remat=True, remat_memory_budget=1.0)
+    assert ours.saved_bytes <= alone.saved_bytes
+    for got, want in zip(ours.grads, alone.grads):
+        torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-4)

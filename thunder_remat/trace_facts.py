@@ -7,7 +7,7 @@ sees for an op (``OpFacts.tags``) are the same in both passes. Written against T
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from thunder.core import prims
 from thunder.core.proxies import ProxyTag, TensorProxy
@@ -143,10 +143,14 @@ class TraceNames:
     tensor_outs: tuple[tuple[str, ...], ...]
     #: positions of the backward bound symbols whose arguments are real reads (see ``reads_forward_values``)
     backward_readers: tuple[int, ...]
+    #: position of each forward op that writes in place -> the values whose storage it overwrites
+    #: (made since that storage's previous write; see ``in_place_writes``)
+    overwritten_by: dict[int, frozenset[str]] = field(default_factory=dict)
 
 
 def trace_names(trace) -> TraceNames:
     reads, tensor_reads, tensor_outs, readers = [], [], [], []
+    writes = False
     for position, bsym in enumerate(trace.bound_symbols):
         args = bsym.flat_proxy_args
         reads.append(tuple(p.name for p in args))
@@ -154,7 +158,13 @@ def trace_names(trace) -> TraceNames:
         tensor_outs.append(tuple(p.name for p in bsym.flat_proxy_outs if isinstance(p, TensorProxy)))
         if is_backward(bsym) and reads_forward_values(bsym):
             readers.append(position)
-    return TraceNames(tuple(reads), tuple(tensor_reads), tuple(tensor_outs), tuple(readers))
+        writes = writes or in_place_destination(bsym) is not None
+    overwritten_by = {}
+    if writes:  # the joint trace is not fused yet: its forward ops are its leaf ops
+        forward, _, _ = split_joint(trace)
+        found = in_place_writes([bsym for _, bsym in forward], forward_storages(trace))
+        overwritten_by = {i: frozenset(stale) for (i, _), (_, stale) in zip(forward, found) if stale}
+    return TraceNames(tuple(reads), tuple(tensor_reads), tuple(tensor_outs), tuple(readers), overwritten_by)
 
 
 def forward_storages(trace, *, with_backward: bool = False) -> StorageMap:
@@ -179,14 +189,16 @@ STALE_WRITE = "in-place write into a storage the backward reads from before it"
 
 def in_place_destination(bsym):
     """The tensor an op writes in place, or None: ``copy_(source, destination)`` writes its second
-    argument, ``copy_with_setitem`` and torch's in-place methods their first; the rest are read.
+    argument, torch's in-place methods (``IN_PLACE`` tag) their first; the rest are read.
+    ``copy_with_setitem`` is not a write: Thunder 0.2.6 runs it on a clone of its input (its
+    result is written back with a ``copy_``).
 
     Running a write again is sound only into a destination made again with it (a fresh tensor):
     both passes recompute a write only together with its destination. ``copy_`` carries no
     IN_PLACE tag in Thunder 0.2.6, and torch's in-place methods keep theirs (a hard ban)."""
     if bsym.sym.name == "copy_":
         return bsym.args[1] if len(bsym.args) > 1 else None
-    if bsym.sym.name == "copy_with_setitem" or prims.OpTags.IN_PLACE in (bsym.sym.tags or ()):
+    if prims.OpTags.IN_PLACE in (bsym.sym.tags or ()):
         return bsym.args[0] if bsym.args else None
     return None
 
@@ -267,7 +279,15 @@ class TagReader:
 
 
 def op_facts(bsym, tags: frozenset[str], outputs, inputs) -> OpFacts:
-    """What the policies judge an op by: name, tag names, and the bytes of the given proxies."""
+    """What the policies judge an op by: name, tag names, and the bytes of the given proxies.
+
+    A torch in-place method whose decomposition writes nothing else (``add_`` is ``add`` then
+    ``copy_`` into its first argument) loses its ``IN_PLACE`` tag here: like ``copy_`` it is judged
+    by the write rule both passes keep (it runs again only into a destination made again with it,
+    and never over data the other side still reads), not banned outright."""
+    if "IN_PLACE" in tags and in_place_destination(bsym) is not None and not any(
+            prims.OpTags.IN_PLACE in (sub.sym.tags or ()) for sub in bsym.subsymbols):
+        tags = tags - {"IN_PLACE"}
     return OpFacts(
         op=bsym.sym.name,
         tags=tags,

@@ -11,6 +11,9 @@ or raises ``VerificationError`` with ``raise_on_error=True``:
   more often than before;
 * no op reads a value after an in-place write (``copy_``) changed its storage, unless ``before``
   did the same (a write run again into a saved value, or before a read of what it overwrote);
+* every storage receives a prefix of the in-place writes, in order, that the storage it copies
+  received in ``before`` (values matched by what they compute, so a backward copy of a forward
+  value is matched with it): no write runs twice into one storage;
 * optionally (``saved=``), the backward reads from the forward only the values in ``saved``, and
   (``saved_bytes=``) the storages those values keep alive (a view keeps its base's, views of one
   base count it once, inputs' count nothing) add up to the bytes the plan reports. What the
@@ -20,13 +23,14 @@ or raises ``VerificationError`` with ``raise_on_error=True``:
 from __future__ import annotations
 
 from collections import Counter
+from dataclasses import dataclass, field
 
 from thunder.core.proxies import Proxy
 from thunder.core.pytree import tree_flatten
 
 from thunder_remat.policies import REPLAYABLE_RANDOM_OPS, STRUCTURAL_HARD_BANS
 from thunder_remat.storage import storage_map
-from thunder_remat.trace_facts import (TagReader, forward_storages, in_place_destination, in_place_writes, leaf_ops,
+from thunder_remat.trace_facts import (TagReader, op_facts, forward_storages, in_place_destination, in_place_writes, leaf_ops,
                                        thunder_split)
 
 __all__ = ["VerificationError", "verify", "region_problems"]
@@ -50,27 +54,88 @@ def _unsafe_counts(trace, tags_of: TagReader) -> Counter:
     """How often each op runs that may not run more often (regions read through their bodies)."""
     counts: Counter = Counter()
     for bsym in leaf_ops(trace.bound_symbols):
-        tags = tags_of(bsym)
+        tags = op_facts(bsym, tags_of(bsym), (), ()).tags  # a write into a known destination: _in_place_facts
         if ("RANDOM_OP" in tags and bsym.sym.name not in REPLAYABLE_RANDOM_OPS) or tags & STRUCTURAL_HARD_BANS.keys():
             counts[bsym.sym.name] += 1
     return counts
 
 
-def _stale_reads(trace) -> set[tuple[str, str]]:
-    """(op, value) pairs where an op reads a value whose storage an in-place write changed after
-    the value was made: it would see the new data. Regions are read through their bodies."""
+@dataclass
+class _InPlaceFacts:
+    """What the in-place writes of one trace do, with values named by their value numbers.
+
+    A value number names what a value computes, not what it is called: the op and the numbers of
+    what it reads (an input is its name). So a copy the backward makes of a forward value has the
+    forward value's number, a write's copy the write's, and two traces compare by numbers.
+    """
+
+    #: (op, value number) -> the value's name, where the op reads a value whose storage an in-place
+    #: write changed after the value was made (it sees the new data)
+    stale_reads: dict = field(default_factory=dict)
+    #: every storage a write changes, as (its owner, which definition of the owner's name) -> (the
+    #: owner's number, the writes' numbers in order)
+    writes: dict = field(default_factory=dict)
+
+
+def _in_place_facts(trace) -> _InPlaceFacts:
+    """One walk over ``trace``'s leaf ops (regions through their bodies); empty facts when nothing
+    writes in place."""
+    facts = _InPlaceFacts()
     if not any(in_place_destination(b) is not None for top in trace.bound_symbols for b in (top, *top.subsymbols)):
-        return set()
-    storages = storage_map(trace.bound_symbols, [p for p in tree_flatten((trace.args, trace.kwargs))[0]
-                                                 if isinstance(p, Proxy)])
+        return facts
+    # the walk goes through regions' bodies, so a region's own values have their storages; a name
+    # defined again (a consumer region recomputing it) is a new storage: ``made`` counts definitions
+    leaves = list(leaf_ops(trace.bound_symbols))
+    storages = storage_map(leaves, [p for p in tree_flatten((trace.args, trace.kwargs))[0] if isinstance(p, Proxy)])
+    made: dict[str, int] = {}
+    numbers: dict[object, int] = {}
+    number_of: dict[str, int] = {}
+
+    def number(key) -> int:
+        return numbers.setdefault(key, len(numbers))
+
+    def operand(a):
+        return number_of.get(a.name, a.name) if isinstance(a, Proxy) else repr(a)
+
+    for name in _names((trace.args, trace.kwargs)):
+        number_of[name] = number(("input", name))
     stale: set[str] = set()
-    found: set[tuple[str, str]] = set()
-    for bsym, overwritten in in_place_writes(trace.bound_symbols, storages):
+    writes: dict[tuple[str, int], list[int]] = {}
+    for bsym, overwritten in in_place_writes(leaves, storages):
+        if bsym.sym.name in ("del", "python_del"):
+            continue
         if bsym.sym.name not in _BOOKKEEPING:
-            found.update((bsym.sym.name, n) for n in _names((bsym.args, bsym.kwargs)) if n in stale)
+            for n in _names((bsym.args, bsym.kwargs)):
+                if n in stale:
+                    facts.stale_reads.setdefault((bsym.sym.name, number_of.get(n, n)), n)
+        op = number((bsym.sym.name, tuple(operand(a) for a in bsym.flat_args)))
+        for k, p in enumerate(bsym.flat_proxy_outs):
+            number_of.setdefault(p.name, number((op, k)))
+            made[p.name] = made.get(p.name, 0) + 1
         stale |= overwritten
         stale.difference_update(_names(bsym.output))  # made (again: a region recomputing it) after the write
-    return found
+        destination = in_place_destination(bsym)
+        if destination is not None:
+            owner = storages.owner_of(destination.name)
+            writes.setdefault((owner, made.get(owner, 0)), []).append(op)
+    facts.writes = {storage: (number_of.get(storage[0], -1), tuple(seq)) for storage, seq in writes.items()}
+    return facts
+
+
+def _write_problems(writes_before, writes_after) -> list[str]:
+    """A storage of ``after`` that receives more writes than the storage it copies in ``before``,
+    or the same writes in another order: each must receive a prefix of the original's writes."""
+    original: dict[int, list[tuple[int, ...]]] = {}
+    for key, seq in writes_before.values():
+        original.setdefault(key, []).append(seq)
+    problems = []
+    for (owner, _), (key, seq) in sorted(writes_after.items()):
+        if not any(seq == known[:len(seq)] for known in original.get(key, ())):
+            most = max((len(known) for known in original.get(key, ())), default=0)
+            problems.append(f"the storage of {owner} receives {len(seq)} in-place write(s) where the value it "
+                            f"copies received {most}, or in another order: a write ran again into a storage "
+                            "that already holds its result")
+    return problems
 
 
 def region_problems(region) -> list[str]:
@@ -149,9 +214,12 @@ def verify(before, after, *, saved=None, saved_bytes=None, replayed=(), raise_on
             problems.append(f"{op} runs {n} times, {was.get(op, 0)} before: random, in-place or collective ops "
                             "must not be duplicated")
 
-    for op, name in sorted(_stale_reads(after) - _stale_reads(before)):
+    writes_before, writes_after = _in_place_facts(before), _in_place_facts(after)
+    for op, name in sorted((op, name) for (op, key), name in writes_after.stale_reads.items()
+                           if (op, key) not in writes_before.stale_reads):
         problems.append(f"{op} reads {name} after an in-place write changed its storage: a write may run "
                         "again only into a value made again, and nothing may read what it overwrote")
+    problems += _write_problems(writes_before.writes, writes_after.writes)
 
     if saved is not None or saved_bytes is not None:
         problems += _saved_problems(after, saved, saved_bytes)

@@ -101,6 +101,7 @@ def schedule_copies(trace, recomputed_indices, *, window: int | None = None, che
     names = schedule.trace_names()
     producer_index = {p.name: i for i, b in recompute.items() for p in b.flat_proxy_outs}
     reads_of = {i: names.reads[i] for i in recompute}
+    pinned, first_readers = _write_groups(recompute, reads_of, names)
     level: dict[int, int] = {}  # checkpoint op -> its level (1: outermost)
     for depth, ops in enumerate(checkpoints, start=1):
         for i in ops:
@@ -114,7 +115,7 @@ def schedule_copies(trace, recomputed_indices, *, window: int | None = None, che
     pending: list[int] = []  # copies to place before the reader being processed
 
     def fresh_enough(i: int, entry, pos: int) -> bool:
-        if window is None or pos - entry[1] <= window:
+        if window is None or pos - entry[1] <= window or i in pinned:
             return True
         if i in cheap:
             return made[i] >= max_cheap_copies
@@ -134,6 +135,9 @@ def schedule_copies(trace, recomputed_indices, *, window: int | None = None, che
             j = producer_index.get(name)
             if j is not None and j != i:
                 inputs[name] = emit(j, pos, under)
+        for j in first_readers.get(i, ()):  # they read what this write overwrites: before it, once
+            if j not in latest:
+                emit(j, pos, under)
         schedule.copies.append((i, inputs))
         copy = len(schedule.copies) - 1
         pending.append(copy)
@@ -162,6 +166,29 @@ def schedule_copies(trace, recomputed_indices, *, window: int | None = None, che
         # schedule alive until a garbage collection (the passes pause the collector)
         emit = None
     return schedule
+
+
+def _write_groups(recompute: dict, reads_of: dict, names: TraceNames) -> tuple[set[int], dict[int, list[int]]]:
+    """The recomputed ops that touch a storage a recomputed write overwrites, and, per such write,
+    the recomputed ops that read what it overwrites (in forward order).
+
+    A write's copy changes the storage of its destination's copy. So each op that makes or reads
+    a value of that storage from before the write is copied once and its copy kept (``pinned``):
+    a second copy of the chain would write the same storage again, or read it after the write.
+    For the same reason the readers of the overwritten values are copied before the write is.
+    """
+    pinned: set[int] = set()
+    first_readers: dict[int, list[int]] = {}
+    for write, overwritten in names.overwritten_by.items():
+        if write not in recompute:
+            continue
+        for i in sorted(recompute):
+            touches = overwritten.intersection(reads_of[i]) or overwritten.intersection(names.tensor_outs[i])
+            if touches:
+                pinned.add(i)
+                if i < write and overwritten.intersection(reads_of[i]):
+                    first_readers.setdefault(write, []).append(i)
+    return pinned, first_readers
 
 
 def build(schedule: CopySchedule):
