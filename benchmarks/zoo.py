@@ -13,7 +13,9 @@ Each run is one forward under ``thunder_remat.inspect.measure.saved_for_backward
 parameters, buffers and inputs left out) and one backward of ``output.float().pow(2).mean()``;
 gradients are compared with eager PyTorch (atol 1e-5, rtol 1e-4). The table gives, per model and
 executor: Thunder's bytes, thunder_remat's measured and planned bytes per budget, whether they
-are equal, the ratio to Thunder at 1.0, torch.compile's bytes, and whether a byte budget held.
+are equal, the ratio to Thunder at 1.0, torch.compile's bytes, whether a byte budget held, the
+budgets whose whole-graph plan failed (``last_save_plan(jm).status``; Thunder's own trace runs
+then) and whether ``thunder_remat.explain`` ran after every budget's run.
 
 Usage::
 
@@ -91,14 +93,21 @@ def bench(entry, size, executor_name, torch_bytes) -> dict:
     row = dict(model=entry.name, executor=executor_name, thunder=alone.saved.activation_bytes,
                thunder_ok=same_gradients(ref, alone.grads), runs={}, byte_runs=[], torch=torch_bytes)
     frontier = None
+    row["explain_errors"] = []
     for budget in BUDGETS:
         run = run_zoo_model(entry, executors, size, remat=True, remat_memory_budget=budget)
         plan = thunder_remat.last_save_plan(run.jitted)
-        row["runs"][budget] = dict(measured=run.saved.activation_bytes, planned=plan.choice.plan.saved_bytes,
+        row["runs"][budget] = dict(measured=run.saved.activation_bytes, planned=_planned(plan),
                                    ok=same_gradients(ref, run.grads), failed=plan.failure)
+        if plan.failure is not None:
+            log.warning("%s / %s at %s: plan failed: %s", entry.name, executor_name, budget, plan.failure[:300])
+        row["explain_errors"] += _explain_error(thunder_remat, run.jitted, budget)
         if budget == 1.0:
             row["static_thunder"] = thunder_alone_saved_bytes(run.jitted)
-            frontier = plan.frontier()
+            frontier = plan.frontier() if plan.choice is not None else None
+    if frontier is None:  # no plan at 1.0: no frontier to place byte budgets on
+        row["seconds"] = time.perf_counter() - start
+        return row
     low, high = frontier.smallest.saved_bytes, frontier.fastest.saved_bytes
     for step in BYTE_STEPS:
         limit = max(2, int(low + step * (high - low)))
@@ -108,10 +117,23 @@ def bench(entry, size, executor_name, torch_bytes) -> dict:
         plan = thunder_remat.last_save_plan(run.jitted)
         infeasible = any("BudgetInfeasible" in type(w.message).__name__ for w in caught)
         row["byte_runs"].append(dict(limit=limit, measured=run.saved.activation_bytes, infeasible=infeasible,
-                                     planned=plan.choice.plan.saved_bytes, ok=same_gradients(ref, run.grads)))
+                                     planned=_planned(plan), ok=same_gradients(ref, run.grads)))
     row["seconds"] = time.perf_counter() - start
     log.info("%s / %s: %.0f s", entry.name, executor_name, row["seconds"])
     return row
+
+
+def _planned(plan) -> int | None:
+    """The bytes the plan promised (None: the pass failed before it had a plan)."""
+    return plan.choice.plan.saved_bytes if plan.choice is not None else None
+
+
+def _explain_error(thunder_remat, jitted, budget) -> list[str]:
+    try:
+        thunder_remat.explain(jitted)
+        return []
+    except Exception as exc:
+        return [f"{budget}: {type(exc).__name__}: {str(exc)[:60]}"]
 
 
 def table(rows, size) -> str:
@@ -119,13 +141,13 @@ def table(rows, size) -> str:
     lines = [
         "| model | executor | Thunder B | thunder_remat B at 1.0 / 0.5 / 0.0 | = planned | ratio to Thunder at 1.0 "
         "| torch.compile B at 1.0 / 0.5 / 0.0 | byte budgets held (B budget: B saved) "
-        "| grads equal eager (Thunder, thunder_remat, torch.compile) |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| grads equal eager (Thunder, thunder_remat, torch.compile) | plan failed at | explain runs |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         if "error" in r:
             lines.append(f"| {r['model']} | {r['executor']} | fails in Thunder 0.2.6 alone: `{r['error']}` "
-                         "| | | | | | |")
+                         "| | | | | | | | |")
             continue
         runs = [r["runs"][b] for b in BUDGETS]
         equal = all(x["measured"] == x["planned"] for x in runs + r["byte_runs"])
@@ -133,11 +155,15 @@ def table(rows, size) -> str:
                          + ("" if x["measured"] <= x["limit"] or x["infeasible"] else " EXCEEDED")
                          for x in r["byte_runs"])
         grads = all(x["ok"] for x in runs + r["byte_runs"]) and r["thunder_ok"] and all(ok for _, ok in r["torch"])
+        failed = ", ".join(f"{b}" for b, x in zip(BUDGETS, runs) if x["failed"] is not None) or "-"
+        explained = "yes" if not r["explain_errors"] else "NO: " + "; ".join(r["explain_errors"])
+        held = held or "-"
         torch_cell = " / ".join(f"{b:,}" for b, _ in r["torch"]) if r["torch"] else "-"
         ours = " / ".join(f"{x['measured']:,}" for x in runs)
         lines.append(
             f"| {r['model']} | {r['executor']} | {r['thunder']:,} | {ours} "
-            f"| {yn[equal]} | {runs[0]['measured'] / r['thunder']:.2f}x | {torch_cell} | {held} | {yn[grads]} |"
+            f"| {yn[equal]} | {runs[0]['measured'] / r['thunder']:.2f}x | {torch_cell} | {held} | {yn[grads]} "
+            f"| {failed} | {explained} |"
         )
     from thunder_remat.zoo import ZOO_SHAPES
 

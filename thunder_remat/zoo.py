@@ -4,12 +4,19 @@ Used by ``benchmarks/zoo.py`` and the tests to check thunder_remat on models it 
 
 * litgpt's ``GPT`` (``pip install --no-deps litgpt``): a Pythia (parallel residual, fused qkv),
   a LLaMA 3.2 (grouped-query attention, SwiGLU), a Phi-2 (parallel residual, partial rotary,
-  biases) and a Falcon (multi-query attention), each shrunk to 2 layers and a small width;
-* Hugging Face ``transformers`` (Thunder 0.2.6 supports up to 4.55.4): BERT and ViT encoders,
-  and the causal LMs Llama, GPT-2 and Mistral. The causal LMs are called with a prebuilt 4-D
-  causal mask: with ``attention_mask=None`` or a 2-D mask, 4.55's mask builder runs ``torch.vmap``,
-  which Thunder 0.2.6 cannot trace (``InterpreterError ... 'wrapper_descriptor' object has no
-  attribute '__self__'``); given a 4-D mask it uses it as it is;
+  biases), a Falcon (multi-query attention) and a Gemma-2 (sliding-window attention on every
+  other layer, its window shrunk to half the tokens; logit soft-capping, post-norms), each shrunk
+  to 2 layers and a small width;
+* Hugging Face ``transformers`` (Thunder 0.2.6 supports up to 4.55.4): BERT, RoBERTa, DistilBERT
+  and ViT encoders, the causal LMs Llama, GPT-2, Mistral, BLOOM (ALiBi) and OPT (learned
+  positions; also in ``eval()`` mode with gradients taken), the encoder-decoder T5 (given labels,
+  its cross-entropy taken outside the model: ``_Seq2SeqLoss``), and the vision models Swin
+  (shifted windows, patch merging), ResNet (convolutions, batch norm in training mode) and
+  ConvNeXt (depthwise convolutions, channels-last layer norm, layer scale). Llama, GPT-2 and
+  Mistral are called with a prebuilt 4-D causal mask: with ``attention_mask=None`` or a 2-D mask,
+  4.55's mask builder runs ``torch.vmap``, which Thunder 0.2.6 cannot trace (``InterpreterError
+  ... 'wrapper_descriptor' object has no attribute '__self__'``); given a 4-D mask it uses it as
+  it is. BLOOM and OPT build their masks without ``torch.vmap`` and are called without one;
 * the built-in models (``thunder_remat.models``).
 
 Dropout is off in every config, so that gradients can be compared with eager PyTorch exactly.
@@ -118,9 +125,11 @@ def _import_litgpt():
     return litgpt.config, litgpt.model
 
 
-def _litgpt(config_name: str, query_groups: int | None) -> Callable[[ZooShape], torch.nn.Module]:
+def _litgpt(config_name: str, query_groups: int | None,
+            overrides: Callable[[ZooShape], dict] | None = None) -> Callable[[ZooShape], torch.nn.Module]:
     """A litgpt config shrunk to ``shape``: 4 heads (``query_groups`` key/value groups; None keeps
-    one per head), the config's own block structure, norms, MLP and rotary settings."""
+    one per head), the config's own block structure, norms, MLP and rotary settings; ``overrides``
+    shrinks anything else the config sets (a sliding window)."""
 
     def build(shape: ZooShape):
         config, model = _import_litgpt()
@@ -128,7 +137,8 @@ def _litgpt(config_name: str, query_groups: int | None) -> Callable[[ZooShape], 
         cfg = config.Config.from_name(
             config_name, n_layer=shape.layers, n_embd=shape.width, n_head=heads,
             n_query_groups=query_groups or heads, head_size=shape.width // heads, intermediate_size=shape.hidden,
-            block_size=shape.tokens, vocab_size=VOCAB, padded_vocab_size=VOCAB)
+            block_size=shape.tokens, vocab_size=VOCAB, padded_vocab_size=VOCAB,
+            **(overrides(shape) if overrides else {}))
         return model.GPT(cfg)
 
     return build
@@ -144,13 +154,20 @@ def causal_mask(batch: int, tokens: int, dtype=torch.float32) -> torch.Tensor:
     return mask[None, None].expand(batch, 1, tokens, tokens).clone()
 
 
-def _hf(model_class: str, config_class: str, config: Callable[[ZooShape], dict]):
+def _hf(model_class: str, config_class: str, config: Callable[[ZooShape], dict], attention: str | None = "sdpa",
+        train: bool = True):
+    """A transformers model built from its config class (``attention``: the attention implementation
+    asked for, None for a model with one implementation only; ``train`` False: in ``eval()`` mode,
+    gradients still taken)."""
+
     def build(shape: ZooShape):
         import transformers
 
         cfg = getattr(transformers, config_class)(**config(shape))
-        cfg._attn_implementation = "sdpa"
-        return getattr(transformers, model_class)(cfg)
+        if attention is not None:
+            cfg._attn_implementation = attention
+        model = getattr(transformers, model_class)(cfg)
+        return model.train(train)
 
     return build
 
@@ -192,6 +209,57 @@ def _builtin(name: str) -> ZooModel:
     return ZooModel(f"built-in {name}", "built-in", None, build, inputs, lambda out: out)
 
 
+def _gemma2(shape: ZooShape) -> dict:
+    """Gemma-2's sliding window (every other layer, from the first) shrunk to half the tokens, so
+    that it masks something."""
+    return dict(sliding_window_size=max(2, shape.tokens // 2))
+
+
+def _t5(shape: ZooShape) -> dict:
+    return dict(vocab_size=VOCAB, d_model=shape.width, d_kv=shape.width // 4, d_ff=shape.hidden,
+                num_layers=shape.layers, num_decoder_layers=shape.layers, num_heads=4, dropout_rate=0.0,
+                relative_attention_num_buckets=8, relative_attention_max_distance=16, decoder_start_token_id=0,
+                pad_token_id=0)
+
+
+class _Seq2SeqLoss(torch.nn.Module):
+    """A transformers encoder-decoder given labels, its cross-entropy taken here rather than in the
+    model: given ``labels``, 4.55's ``T5ForConditionalGeneration.forward`` builds an
+    ``nn.CrossEntropyLoss()`` module, and Thunder 0.2.6 cannot trace a module built inside the
+    traced function (``AssertionError`` in ``process_recorded_modifications``, with or without
+    thunder_remat). The decoder's inputs are the labels shifted right, as the model makes them."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, input_ids, labels):
+        out = self.model(input_ids=input_ids, decoder_input_ids=self.model._shift_right(labels), use_cache=False)
+        return torch.nn.functional.cross_entropy(out.logits.flatten(0, 1), labels.flatten())
+
+
+def _seq2seq(build: Callable[[ZooShape], torch.nn.Module]) -> Callable[[ZooShape], torch.nn.Module]:
+    return lambda shape: _Seq2SeqLoss(build(shape))
+
+
+def _t5_inputs(shape: ZooShape, g: torch.Generator) -> dict:
+    # labels from 1: none is the pad token (0), which the decoder's shifted inputs start with
+    return {"input_ids": _tokens(shape, g), "labels": torch.randint(1, VOCAB, (shape.batch, shape.tokens), generator=g)}
+
+
+def _opt(shape: ZooShape) -> dict:
+    return dict(vocab_size=VOCAB, hidden_size=shape.width, word_embed_proj_dim=shape.width, ffn_dim=shape.hidden,
+                num_hidden_layers=shape.layers, num_attention_heads=4, max_position_embeddings=64, dropout=0.0,
+                attention_dropout=0.0, activation_dropout=0.0, layerdrop=0.0)
+
+
+def _images(size: int):
+    def inputs(shape: ZooShape, g: torch.Generator) -> dict:
+        return {"pixel_values": torch.randn(shape.batch, 3, size, size, generator=g)}
+
+    return inputs
+
+
 def _logits(out):
     return out.logits if hasattr(out, "logits") else out
 
@@ -227,6 +295,46 @@ ZOO: tuple[ZooModel, ...] = (
     ZooModel("transformers Mistral", "transformers", "transformers",
              _hf("MistralForCausalLM", "MistralConfig", lambda shape: dict(sliding_window=None, **_decoder(shape))),
              _causal_inputs, _logits),
+    ZooModel("litgpt Gemma-2-2b", "litgpt", "litgpt", _litgpt("Gemma-2-2b", 2, _gemma2),
+             lambda shape, g: {"idx": _tokens(shape, g)}, _logits),
+    ZooModel("transformers T5", "transformers", "transformers",
+             _seq2seq(_hf("T5ForConditionalGeneration", "T5Config", _t5, attention=None)), _t5_inputs,
+             lambda out: out),
+    ZooModel("transformers BLOOM", "transformers", "transformers",
+             _hf("BloomForCausalLM", "BloomConfig", lambda shape: dict(
+                 vocab_size=VOCAB, hidden_size=shape.width, n_layer=shape.layers, n_head=4, hidden_dropout=0.0,
+                 attention_dropout=0.0), attention=None),
+             lambda shape, g: {"input_ids": _tokens(shape, g), "use_cache": False}, _logits),
+    ZooModel("transformers OPT", "transformers", "transformers", _hf("OPTForCausalLM", "OPTConfig", _opt),
+             lambda shape, g: {"input_ids": _tokens(shape, g), "use_cache": False}, _logits),
+    ZooModel("transformers OPT eval", "transformers", "transformers",
+             _hf("OPTForCausalLM", "OPTConfig", _opt, train=False),
+             lambda shape, g: {"input_ids": _tokens(shape, g), "use_cache": False}, _logits),
+    ZooModel("transformers DistilBERT", "transformers", "transformers",
+             _hf("DistilBertModel", "DistilBertConfig", lambda shape: dict(
+                 vocab_size=VOCAB, max_position_embeddings=64, n_layers=shape.layers, n_heads=4, dim=shape.width,
+                 hidden_dim=shape.hidden, dropout=0.0, attention_dropout=0.0)),
+             lambda shape, g: {"input_ids": _tokens(shape, g)}, _last_hidden),
+    ZooModel("transformers RoBERTa", "transformers", "transformers",
+             _hf("RobertaModel", "RobertaConfig", lambda shape: dict(vocab_size=VOCAB, max_position_embeddings=64,
+                                                                      **_encoder(shape))),
+             lambda shape, g: {"input_ids": _tokens(shape, g)}, _last_hidden),
+    ZooModel("transformers Swin", "transformers", "transformers",
+             _hf("SwinModel", "SwinConfig", lambda shape: dict(
+                 image_size=16, patch_size=2, num_channels=3, embed_dim=shape.width // 2, depths=[2, 2],
+                 num_heads=[2, 4], window_size=4, mlp_ratio=2.0, hidden_dropout_prob=0.0,
+                 attention_probs_dropout_prob=0.0, drop_path_rate=0.0), attention=None),
+             _images(16), _last_hidden),
+    ZooModel("transformers ResNet", "transformers", "transformers",
+             _hf("ResNetModel", "ResNetConfig", lambda shape: dict(
+                 num_channels=3, embedding_size=shape.width // 2, hidden_sizes=[shape.width // 2, shape.width],
+                 depths=[1, 1], layer_type="basic"), attention=None),
+             _images(32), _last_hidden),
+    ZooModel("transformers ConvNeXt", "transformers", "transformers",
+             _hf("ConvNextModel", "ConvNextConfig", lambda shape: dict(
+                 num_channels=3, patch_size=4, num_stages=2, hidden_sizes=[shape.width // 2, shape.width],
+                 depths=[1, 1], drop_path_rate=0.0, image_size=16), attention=None),
+             _images(16), _last_hidden),
     _builtin("gpt"),
     _builtin("llama"),
     _builtin("mlp"),
