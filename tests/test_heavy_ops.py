@@ -195,3 +195,31 @@ def test_a_cnn_estimated_recompute_counts_its_convolutions_at_a_tight_budget(pla
     assert recomputed_convs, "the smallest plan recomputes a convolution"
     assert plan.recompute_cost >= sum(recomputed_convs) >= min(CONV_FLOPS)
     assert plan.recompute_cost == pytest.approx(sum(ops[i].cost for i in plan.recomputed))
+
+
+@pytest.mark.jit
+def test_pooling_windows_are_not_kept_as_contractions():
+    """Thunder 0.2.6 runs ``nn.MaxPool2d`` as a convolution with a one-hot kernel it builds from
+    constants: a gather, left to the cut. With fusion regions Thunder's own pass recomputes it in
+    the backward; thunder_remat at 1.0 then holds no more than Thunder alone, which here keeps
+    the real convolution's output as thunder_remat does."""
+    from thunder_remat.executors.eager import eager_fusion_ex
+    from thunder_remat.inspect.measure import saved_for_backward
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.BatchNorm2d(8), torch.nn.ReLU(),
+                                torch.nn.MaxPool2d(2), torch.nn.Conv2d(8, 8, 3, padding=1))
+    x = torch.randn(2, 3, 16, 16)
+    runs = {}
+    for name, options in (("alone", {}), ("ours", {"remat": True})):
+        copy_ = copy.deepcopy(model)
+        jm = thunder.jit(copy_, executors=[eager_fusion_ex], **options)
+        out, saved = saved_for_backward(jm, x)
+        out.pow(2).sum().backward()
+        runs[name] = (jm, saved, [p.grad for p in copy_.parameters()])
+    ops = thunder_remat.last_save_plan(runs["ours"][0]).problem.ops
+    convolutions = [op for op in ops if op.op == "convolution"]
+    assert len(convolutions) == 3 and [op.soft_ban for op in convolutions].count(None) == 1
+    assert runs["ours"][1].activation_bytes <= runs["alone"][1].activation_bytes
+    for got, want in zip(runs["ours"][2], runs["alone"][2]):
+        torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-4)

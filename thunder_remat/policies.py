@@ -57,12 +57,14 @@ STRUCTURAL_HARD_BANS = {
 
 @dataclass(frozen=True)
 class OpFacts:
-    """What a policy may look at: the op's name, its tags (by name), and sizes in bytes."""
+    """What a policy may look at: the op's name, its tags (by name), sizes in bytes, and how many of
+    its tensor inputs are constants the trace builds from nothing it is given (arange, full, ...)."""
 
     op: str
     tags: frozenset[str]
     output_bytes: int
     input_bytes: int
+    constant_inputs: int = 0
 
 
 class VerdictKind(enum.Enum):
@@ -156,13 +158,17 @@ class NeverRecomputeContractions:
     """Convolutions, transposed convolutions, batched and grouped matmuls, einsum, and the matmuls
     torch runs without Thunder's ``MATMUL_OP`` tag (``mm``, ``addmm``, ...): each output element
     sums over a contracted dimension (``CONTRACTIONS``), so, like matmuls, they cost far more to run
-    again than to keep. The verdict names the kind of op."""
+    again than to keep. The verdict names the kind of op.
+
+    A contraction with a constant operand is a fixed gather, not a learned map: Thunder 0.2.6 pools
+    (``max_pool2d``, ``avg_pool2d``) by convolving with a one-hot kernel it builds, a few flops per
+    output element. It is left to the cut, as Thunder's own fusion pass leaves it."""
 
     hard: bool = False
 
     def judge(self, op: OpFacts) -> Verdict | None:
         kind = contraction_kind(op.op)
-        if kind is None:
+        if kind is None or op.constant_inputs:
             return None
         return Verdict(VerdictKind.HARD if self.hard else VerdictKind.SOFT, f"{kind} (a contraction)")
 

@@ -278,7 +278,7 @@ class TagReader:
         return tags
 
 
-def op_facts(bsym, tags: frozenset[str], outputs, inputs) -> OpFacts:
+def op_facts(bsym, tags: frozenset[str], outputs, inputs, constant_inputs: int = 0) -> OpFacts:
     """What the policies judge an op by: name, tag names, and the bytes of the given proxies.
 
     A torch in-place method whose decomposition writes nothing else (``add_`` is ``add`` then
@@ -293,4 +293,5 @@ def op_facts(bsym, tags: frozenset[str], outputs, inputs) -> OpFacts:
         tags=tags,
         output_bytes=sum(value_bytes(p) for p in outputs),
         input_bytes=sum(value_bytes(p) for p in inputs),
+        constant_inputs=constant_inputs,
     )

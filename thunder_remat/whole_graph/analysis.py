@@ -82,7 +82,8 @@ def build_save_problem(trace, policies, *, regather_params: bool = False) -> Sav
         for p in outs:
             add_value(p, False)
         names = tags_of(bsym)
-        judgement = judge_op(op_facts(bsym, names, outs, reads), policies)
+        constant_reads = sum(p.name in constants for p in reads)
+        judgement = judge_op(op_facts(bsym, names, outs, reads, constant_reads), policies)
         if i in regather:
             judgement = Judgement(recompute=True, reasons=(REGATHER,))
         elif i not in in_forward and judgement.hard is None:
