@@ -118,14 +118,14 @@ def test_byte_budgets_are_never_exceeded_in_storage_bytes():
 # learned positions from the mask, eval() mode, convolutions and batch norm). Each runs with the
 # light executor at 1.0, 0.5 and 0.0 (one sweep per model and executor, shared by the checks below
 # through a module fixture, so that each check passes or fails on its own); TORCH_COMPILE_FAMILIES
-# also with Thunder's torch.compile executor (with the whole-graph pass on, it saved the same bytes
-# as the light executor on every family; it costs an Inductor build per region).
+# also with Thunder's torch.compile executor: Inductor builds every region, minutes per compilation
+# on 2 cores, so only OPT in eval() mode (the setup issue 25 saw fail with gradients taken).
 GEMMA2, T5, BLOOM, OPT, OPT_EVAL = ("litgpt Gemma-2-2b", "transformers T5", "transformers BLOOM", "transformers OPT",
                                     "transformers OPT eval")
 DISTILBERT, ROBERTA, SWIN, RESNET, CONVNEXT = ("transformers DistilBERT", "transformers RoBERTa", "transformers Swin",
                                                "transformers ResNet", "transformers ConvNeXt")
 FAMILIES = (GEMMA2, T5, BLOOM, OPT, OPT_EVAL, DISTILBERT, ROBERTA, SWIN, RESNET, CONVNEXT)
-TORCH_COMPILE_FAMILIES = (OPT_EVAL, RESNET)
+TORCH_COMPILE_FAMILIES = (OPT_EVAL,)
 BUDGETS = (1.0, 0.5, 0.0)
 
 
