@@ -123,11 +123,19 @@ def test_bad_plugin_arguments():
         ("1.5 MB", ("bytes", 1.5e6)),
         ("100B", ("bytes", 100.0)),
         ("0B", ("bytes", 0.0)),
+        ("peak:6GiB", ("peak", 6.0 * 2**30)),
+        ("PEAK: 1.5MB", ("peak", 1.5e6)),
         (None, None),
     ],
 )
 def test_budget_forms(value, expected):
     assert RematConfig(memory_budget=value).budget == expected
+
+
+@pytest.mark.parametrize("value", ["peak:", "peak:12", "peak:0.5", "peak:-3MB", "peak:6 GiBs"])
+def test_a_bad_peak_budget_names_the_option_and_the_forms(value):
+    with pytest.raises(ValueError, match="remat_memory_budget.*'peak:6GiB'"):
+        RematConfig(memory_budget=value)
 
 
 def test_policies_compose_and_are_validated():

@@ -2,7 +2,9 @@
 
 * a float in [0, 1] (``0.5``) or a percentage string (``"50%"``): 1.0 is the fastest plan (the
   minimum cut with every policy applied), 0.0 the plan that saves the fewest bytes;
-* an int of bytes (``2_000_000``) or a string with a unit (``"2GiB"``, ``"512MB"``, ``"100000B"``).
+* an int of bytes (``2_000_000``) or a string with a unit (``"2GiB"``, ``"512MB"``, ``"100000B"``);
+* a step peak, ``"peak:6GiB"``: the most bytes the training step may hold at once above what is
+  allocated when it starts (parameters, inputs), as thunder_remat estimates it.
 
 The ints 0 and 1 are refused as ambiguous (write 0.0 / 1.0 for fractions, "0B" / "1B" for bytes).
 """
@@ -24,6 +26,8 @@ class BudgetKind(str, enum.Enum):
     FRACTION = "fraction"
     #: bytes of saved activations
     BYTES = "bytes"
+    #: bytes of the step's estimated peak (saved, recomputed and backward values, gradients)
+    PEAK = "peak"
 
     def __str__(self) -> str:
         return self.value
@@ -41,10 +45,16 @@ class Budget(NamedTuple):
     def bytes(cls, amount: float) -> Budget:
         return cls(BudgetKind.BYTES, float(amount))
 
+    @classmethod
+    def peak(cls, amount: float) -> Budget:
+        return cls(BudgetKind.PEAK, float(amount))
+
+
 BUDGET_HELP = (
     "a fraction in [0, 1] (e.g. 0.5 or '50%'), a number of bytes as an int >= 2, "
-    "or a size string such as '2GiB', '512MB', '100000B'"
+    "a size string such as '2GiB', '512MB', '100000B', or a step peak such as 'peak:6GiB'"
 )
+_PEAK_PREFIX = "peak:"
 
 _UNITS = {
     "B": 1,
@@ -76,6 +86,12 @@ def parse_budget(value) -> Budget | None:
         if value < 0:
             raise _bad(value, "bytes cannot be negative")
         return Budget.bytes(value)
+    if isinstance(value, str) and value.strip().lower().startswith(_PEAK_PREFIX):
+        size = value.strip()[len(_PEAK_PREFIX):]
+        m = _SIZE.match(size)
+        if not (m and m.group(2).upper() in _UNITS):
+            raise _bad(value, "a peak is a size with a unit, e.g. 'peak:6GiB' or 'peak:500000B'")
+        return Budget.peak(math.floor(float(m.group(1)) * _UNITS[m.group(2).upper()]))
     if isinstance(value, str):
         m = _PERCENT.match(value)
         if m:

@@ -26,7 +26,7 @@ from thunder.extend import FusionExecutor
 
 from thunder_remat.config import COMPILE_OPTIONS, RematConfig, config_from_options
 from thunder_remat.executors import adapter_for
-from thunder_remat.executors.compile_stash import stash, stash_for, stashed
+from thunder_remat.executors.compile_stash import stash, stash_for, stashed, stashed_now
 from thunder_remat.executors.pipeline import record_provenance
 from thunder_remat.pairs.run import PairPassResult, rematerialize_fusion_pairs
 from thunder_remat.records import PassStatus
@@ -98,8 +98,10 @@ def plan_joint_trace(trace, executor: RematFusionExecutor):
         )
     if not (config.enabled and config.whole_graph):
         return trace
+    fusers = [ex for ex in stashed_now("executors") or () if isinstance(ex, FusionExecutor)]
+    fusible = (lambda bsym: any(ex.can_fuse(bsym) for ex in fusers)) if fusers else None
     with _collector_paused():
-        result = plan_saved_values(trace, config, zero3=zero3)
+        result = plan_saved_values(trace, config, zero3=zero3, fusible=fusible)
     executor.saved_set_planned = result.status is not PassStatus.FAILED
     record_provenance(result.provenance())
     stash("save_result", result)

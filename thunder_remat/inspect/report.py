@@ -120,7 +120,7 @@ class RematReport:
                          "that require grad), nothing saved for backward; training compilations: "
                          f"{others} (thunder_remat.explain(fn, compilation=i))")
         if self.budget:
-            lines.append(f"  budget: {self.budget}{'' if self.budget_feasible else ' (infeasible: smallest plan used)'}")
+            lines.append(f"  budget: {self.budget}{'' if self.budget_feasible else ' (infeasible: the smallest plan, or for a peak the lowest-peak plan, used)'}")
         before = "?" if self.activation_bytes_before is None else f"{self.activation_bytes_before:,}"
         lines.append(f"  activation bytes held for backward: {before} B without thunder_remat -> "
                      f"{self.activation_bytes:,} B ({sum(v.activation for v in self.saved)} tensors on "
@@ -218,6 +218,8 @@ def explain(jitted, compilation: int | None = None) -> RematReport:
         report.budget = "none" if save.budget is None else f"{save.budget[0]} {save.budget[1]:g}"
         if save.choice.target_bytes is not None:
             report.budget += f" = {save.choice.target_bytes:,} B"
+        if save.peak_budget:
+            report.budget = f"step peak at most {int(save.budget[1]):,} B, estimated {save.peak_estimate:,} B"
         report.budget_feasible = save.choice.feasible
         report.recompute_cost, report.recompute_unit = plan.recompute_cost, problem.cost_unit
         report.rewritten_cost = save.rewritten_cost

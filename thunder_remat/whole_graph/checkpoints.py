@@ -118,9 +118,10 @@ def choose_anchor(plain_peak: int, candidates):
 
 
 def checkpointed_schedule(trace, problem: SaveProblem, choice: BudgetChoice, *, window, setting,
-                          timings: Timings) -> CheckpointChoice:
+                          timings: Timings, regions=None) -> CheckpointChoice:
     """The copy schedule with the checkpoints ``setting`` asks for (``remat_checkpoint_budget``:
-    False, a fraction or tuple of fractions, or "auto"); time goes to ``timings``."""
+    False, a fraction or tuple of fractions, or "auto"); time goes to ``timings``; ``regions``: the
+    backward fusion regions the estimates model (``peak.predict_regions``; None: no fusion)."""
     names = None  # the trace's names, read once for every schedule and estimate below
 
     def schedule(checkpoints=()):
@@ -142,7 +143,7 @@ def checkpointed_schedule(trace, problem: SaveProblem, choice: BudgetChoice, *, 
         return CheckpointChoice(plain)  # only cheap ops recomputed: the window alone bounds what is held
     with timings.stage("estimate"):
         storages = forward_storages(trace, with_backward=True)  # shared by every estimate
-        plain_peak = estimate_schedule_peak(plain, storages)
+        plain_peak = estimate_schedule_peak(plain, storages, regions)
     estimates = {}
     seen = set()
 
@@ -155,7 +156,7 @@ def checkpointed_schedule(trace, problem: SaveProblem, choice: BudgetChoice, *, 
         seen.add(held)
         candidate_schedule = schedule(held)
         with timings.stage("estimate"):
-            peak = estimate_schedule_peak(candidate_schedule, storages)
+            peak = estimate_schedule_peak(candidate_schedule, storages, regions)
         estimates[chain] = peak
         return Candidate(chain, levels, peak, candidate_schedule)
 

@@ -6,24 +6,46 @@ tensor outputs, frees a tensor after the last op that reads it, and counts views
 base's storage (``thunder_remat.storage``: a reshape is a view when the input's strides allow
 it, as in PyTorch), which then lives until the last read of any of its views. Forward inputs and
 parameters are held anyway and not counted. The forward/backward split keeps exactly the forward
-values the backward reads, which the walk keeps alive the same way.
+values the backward reads, which the walk keeps alive the same way. The forward's outputs are
+taken to be consumed by the loss before the backward starts (a caller that keeps the model's
+output through the backward holds that much more).
 """
 
 from __future__ import annotations
 
-from thunder_remat.trace_facts import forward_storages
+from thunder.core.pytree import tree_flatten
+
+from thunder_remat.trace_facts import forward_storages, is_backward
 from thunder_remat.whole_graph.rewrite import CopySchedule
 from thunder_remat.storage import StorageMap
 
-__all__ = ["estimate_peak_bytes", "estimate_schedule_peak"]
+__all__ = ["estimate_peak_bytes", "estimate_schedule_peak", "predict_regions"]
 
 
-def estimate_peak_bytes(trace) -> int:
+def estimate_peak_bytes(trace, regions: tuple[int, ...] | None = None) -> int:
     """The estimated peak of live tensor bytes (inputs excluded) over a joint trace."""
-    return estimate_schedule_peak(CopySchedule(trace))
+    return estimate_schedule_peak(CopySchedule(trace), regions=regions)
 
 
-def estimate_schedule_peak(schedule: CopySchedule, storages: StorageMap | None = None) -> int:
+def predict_regions(trace, fusible) -> tuple[int, ...]:
+    """Per position of a joint trace, the backward fusion region its bound symbol is expected to
+    run in (-1: none): each run of consecutive backward bound symbols that ``fusible`` (a fusion
+    executor's ``can_fuse``) accepts. Thunder fuses the joint trace after thunder_remat's rewrite;
+    a copy the rewrite places before a backward reader runs in that reader's region."""
+    regions, region, open_ = [], -1, False
+    for bsym in trace.bound_symbols:
+        if is_backward(bsym) and fusible(bsym):
+            if not open_:
+                region, open_ = region + 1, True
+            regions.append(region)
+        else:
+            open_ = False
+            regions.append(-1)
+    return tuple(regions)
+
+
+def estimate_schedule_peak(schedule: CopySchedule, storages: StorageMap | None = None,
+                           regions: tuple[int, ...] | None = None) -> int:
     """The estimated step peak of the trace a schedule would build, without building it.
 
     ``storages``: those of the schedule's (unrewritten) trace, forward and backward, when already
@@ -31,6 +53,11 @@ def estimate_schedule_peak(schedule: CopySchedule, storages: StorageMap | None =
     unless the op's output is a view of one of its inputs: then the copy is a view of what that
     input is read from (a copy, or the forward's value); a backward op's view of an input it now
     reads from a copy is a view of that copy.
+
+    ``regions`` (``predict_regions``): the backward fusion regions the executor will form. A region
+    is one call that holds its inputs as arguments: what it reads from before it (saved values,
+    gradients so far) lives until it returns. Inside a region values are freed at their last use,
+    as unfused (measured against torch.compile's CPU regions: docs/whole-graph.md).
     """
     trace = schedule.trace
     if storages is None:
@@ -46,17 +73,30 @@ def estimate_schedule_peak(schedule: CopySchedule, storages: StorageMap | None =
     copy_owner: dict = {}  # (copy number, output name) -> its storage
     current: dict = {}  # value -> its storage, where a view now views a copy
 
-    def run(position: int, sources: dict, copy: int | None) -> None:
+    # The forward's outputs go to the loss, which consumes them before the backward starts: the
+    # step's return holds only what the backward returns (the gradients).
+    last = len(trace.bound_symbols) - 1
+    handed = trace.bound_symbols[last].args[0] if trace.bound_symbols[last].args else None
+    to_loss = set()
+    if isinstance(handed, dict) and "fw_flat_out" in handed:
+        to_loss = {p.name for p in tree_flatten(handed["fw_flat_out"])[0] if hasattr(p, "name")}
+    returned = tuple(n for n in tensor_reads[last] if n not in to_loss)
+    region_steps: dict[int, list[int]] = {}  # region -> [first step, last step]
+    read_in: dict = {}  # storage -> the regions that read it
+
+    def run(position: int, sources: dict, copy: int | None, region: int) -> None:
         """One step: the bound symbol at ``position`` reading ``sources`` (input name -> copy
         number) instead of the forward's values; ``copy``: the number of the copy this step
-        makes, or None."""
-        reads = tensor_reads[position]
+        makes, or None; ``region``: the fusion region it runs in (-1: none)."""
+        reads = tensor_reads[position] if position != last else returned
         now = {}
         for name in reads:
             k = sources.get(name)
             now[name] = copy_owner[(k, name)] if k is not None else current.get(name) or owner.get(name, name)
             if now[name] not in held:
                 last_read[now[name]] = step
+                if region >= 0:
+                    read_in.setdefault(now[name], set()).add(region)
         for name in tensor_outs[position]:
             original = owner.get(name, name)
             viewed = next((a for a in reads if owner.get(a, a) == original), None)
@@ -77,12 +117,23 @@ def estimate_schedule_peak(schedule: CopySchedule, storages: StorageMap | None =
                 last_read.setdefault(storage, step)
 
     for position in range(len(trace.bound_symbols)):
+        region = regions[position] if regions is not None else -1
+        if region >= 0:
+            region_steps.setdefault(region, [step, step])
         for k in schedule.before.get(position, ()):
             i, inputs = schedule.copies[k]
-            run(i, inputs, k)
+            run(i, inputs, k, region)
             step += 1
-        run(position, schedule.reads.get(position, {}), None)
+        run(position, schedule.reads.get(position, {}), None, region)
         step += 1
+        if region >= 0:
+            region_steps[region][1] = step - 1
+    for storage, readers in read_in.items():  # a region holds what it reads from before it
+        start = born.get(storage, -1)
+        for region in readers:
+            first, last = region_steps[region]
+            if start < first:
+                last_read[storage] = max(last_read[storage], last)
     change = [0] * (step + 1)
     for storage, at in born.items():
         change[at] += size.get(storage, sizes.get(storage, 0))

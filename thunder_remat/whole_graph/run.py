@@ -13,10 +13,13 @@ import warnings
 from dataclasses import dataclass, field
 from typing import ClassVar
 
+from thunder_remat.budget import BudgetKind
 from thunder_remat.records import PassResult, PassStatus
 from thunder_remat.verify import verify
 from thunder_remat.whole_graph.analysis import build_save_problem
 from thunder_remat.whole_graph.checkpoints import checkpointed_schedule
+from thunder_remat.whole_graph.peak import predict_regions
+from thunder_remat.whole_graph.peak_budget import choose_for_peak
 from thunder_remat.whole_graph.planner import (BudgetChoice, Frontier, build_frontier, choose_fastest, choose_plan,
                                                is_fastest_budget)
 from thunder_remat.whole_graph.problem import SaveProblem, with_measured_costs
@@ -29,7 +32,8 @@ log = logging.getLogger(__name__)
 
 
 class BudgetInfeasibleWarning(UserWarning):
-    """The memory budget is below what the smallest plan can save; the smallest plan is used."""
+    """The memory budget is below what the smallest plan can save (the smallest plan is used), or a
+    peak budget below every plan's estimated step peak (the lowest-peak plan is used)."""
 
 
 @dataclass
@@ -51,8 +55,8 @@ class SavePassResult(PassResult):
     #: the budget fractions whose plans anchored the checkpoints, one per level, nearest the chosen
     #: plan first (empty: no checkpoints)
     checkpoint_anchors: tuple[float, ...] = ()
-    #: with remat_checkpoint_budget="auto": the estimated step peak (whole_graph.peak) of the rewrite
-    #: used and of the one without checkpoints, in bytes (None when not estimated)
+    #: with remat_checkpoint_budget="auto" or a peak budget: the estimated step peak (whole_graph.peak)
+    #: of the rewrite used and ("auto") of the one without checkpoints, in bytes (None: not estimated)
     peak_estimate: int | None = None
     peak_estimate_without_checkpoints: int | None = None
     #: with "auto": the estimated step peak with each anchor chain tried (a tuple of budget fractions)
@@ -68,6 +72,11 @@ class SavePassResult(PassResult):
     def checkpoint_anchor(self) -> float | None:
         """The nearest anchor (the outermost checkpoint level), or None without checkpoints."""
         return self.checkpoint_anchors[0] if self.checkpoint_anchors else None
+
+    @property
+    def peak_budget(self) -> bool:
+        """The budget is a step peak (``"peak:6GiB"``)."""
+        return self.budget is not None and BudgetKind(self.budget[0]) is BudgetKind.PEAK
 
     @property
     def copies(self) -> int:
@@ -112,11 +121,12 @@ class SavePassResult(PassResult):
         if self.checkpoint_ops:
             text += (f"; backward recomputes from {len(self.checkpoint_ops)} checkpoint ops "
                      f"(anchored at budget {', '.join(f'{a:g}' for a in self.checkpoint_anchors)})")
-        if self.peak_estimate is not None and self.peak_estimate_without_checkpoints is not None:
-            text += (f"; est. step peak {self.peak_estimate} B "
-                     f"({self.peak_estimate_without_checkpoints} B without checkpoints)")
+        if self.peak_estimate is not None:
+            text += f"; est. step peak {self.peak_estimate} B"
+            if self.peak_estimate_without_checkpoints is not None:
+                text += f" ({self.peak_estimate_without_checkpoints} B without checkpoints)"
         if not self.choice.feasible:
-            text += "; budget infeasible, smallest plan used"
+            text += "; budget infeasible, " + ("lowest-peak plan used" if self.peak_budget else "smallest plan used")
         return text + ")"
 
 
@@ -128,11 +138,13 @@ def _measure(trace, problem: SaveProblem) -> dict[int, float]:
     return time_ops(candidates)
 
 
-def plan_saved_values(trace, config, *, zero3: bool = False) -> SavePassResult:
+def plan_saved_values(trace, config, *, zero3: bool = False, fusible=None) -> SavePassResult:
     """Solve and rewrite ``trace`` (a joint trace) according to ``config``; never raises for a bad trace.
 
     ``zero3``: the trace comes from FSDP ZeRO-3 and ``config.fsdp_regather`` is on: gathered
-    parameters are re-gathered in the backward instead of saved.
+    parameters are re-gathered in the backward instead of saved. ``fusible``: whether one of the
+    compilation's fusion executors can fuse a bound symbol (None: none fuses); step peaks are
+    estimated for the regions they are expected to form.
     """
     result = SavePassResult(trace=trace, budget=config.budget, solver=config.solver)
     timings = result.timings
@@ -143,15 +155,27 @@ def plan_saved_values(trace, config, *, zero3: bool = False) -> SavePassResult:
             if config.cost_model == "measured":
                 problem = with_measured_costs(problem, _measure(trace, problem))
             result.problem = problem
+        window = config.recompute_window or None
+        regions = predict_regions(trace, fusible) if fusible is not None else None
+        peak_budget = config.budget is not None and BudgetKind(config.budget[0]) is BudgetKind.PEAK
         with timings.stage("solve"):
             if is_fastest_budget(config.budget):
                 choice = choose_fastest(problem, config.budget)
+            elif peak_budget:
+                frontier = build_frontier(problem, config.solver)
             else:
                 choice = choose_plan(build_frontier(problem, config.solver), config.budget)
-            result.choice = choice
-        checkpoints = checkpointed_schedule(trace, problem, choice, window=config.recompute_window or None,
-                                            setting=config.checkpoint_budget, timings=timings)
+        if peak_budget:
+            picked = choose_for_peak(trace, problem, frontier, int(config.budget[1]), window=window,
+                                     setting=config.checkpoint_budget, timings=timings, regions=regions)
+            choice, checkpoints = picked.choice, picked.checkpoints
+        else:
+            checkpoints = checkpointed_schedule(trace, problem, choice, window=window,
+                                                setting=config.checkpoint_budget, timings=timings, regions=regions)
+        result.choice = choice
         _record_checkpoints(result, checkpoints)
+        if peak_budget:
+            result.peak_estimate = picked.peak
         result.copied_ops = tuple(checkpoints.schedule.emitted)
         with timings.stage("rewrite"):
             new = build(checkpoints.schedule)
@@ -172,7 +196,15 @@ def plan_saved_values(trace, config, *, zero3: bool = False) -> SavePassResult:
         )
         log.debug("whole-graph save planning failed", exc_info=True)
         return result
-    if not choice.feasible:
+    if not choice.feasible and peak_budget:
+        warnings.warn(
+            f"thunder_remat: remat_memory_budget {config.memory_budget!r} asks for an estimated step peak of at "
+            f"most {int(config.budget[1])} B, but the lowest estimate of any plan is {result.peak_estimate} B; "
+            "using that plan",
+            BudgetInfeasibleWarning,
+            stacklevel=2,
+        )
+    elif not choice.feasible:
         warnings.warn(
             f"thunder_remat: remat_memory_budget {config.memory_budget!r} asks for at most "
             f"{choice.target_bytes} B of saved activations, but the smallest plan saves "
