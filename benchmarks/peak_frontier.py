@@ -22,8 +22,9 @@ PyTorch (allclose, ``--atol``/``--rtol``). Configurations:
 Also reported: the activation bytes the forward saves for backward (saved_tensors_hooks, storages
 not shared with inputs or parameters) and, for thunder_remat, its own step-peak estimate
 (``last_save_plan(jm).peak_estimate``; where the plan made none, the walk of its rewritten joint
-trace, ``whole_graph.peak.estimate_peak_bytes``, marked ``*``). Both estimates model the unfused
-joint trace: each value freed after its last read.
+trace, ``whole_graph.peak.estimate_peak_bytes``, marked ``*``). Both model the backward fusion
+regions the executor is expected to form (a region holds what it reads until it returns; none
+with the default executors): docs/whole-graph.md, "The step's peak".
 
 Models: the built-in ``mlp``, ``gpt``, ``llama`` (``--size`` preset, ``--layers`` overrides its
 depth), any zoo model by name (``thunder_remat.zoo``, e.g. ``"litgpt Llama-3.2-1B"``, shaped by
@@ -71,6 +72,9 @@ def parse_args(argv=None):
     p.add_argument("--batch", type=int, default=2, help="zoo models' batch (default: 2)")
     p.add_argument("--budgets", default=",".join(map(str, BUDGETS)),
                    help="comma list of fractions in [0, 1], for torch.compile and thunder_remat alike")
+    p.add_argument("--peaks", default="",
+                   help="comma list of step-peak budgets for thunder_remat alone, as sizes (e.g. 1.2MB,900kB): "
+                        "each runs as remat_memory_budget='peak:<size>'")
     p.add_argument("--configs", default=",".join(CONFIGS), help=f"comma list of {list(CONFIGS)} (default: all)")
     p.add_argument("--reps", type=int, default=3, help="warm steps timed per configuration (default: 3)")
     p.add_argument("--atol", type=float, default=1e-5)
@@ -96,6 +100,14 @@ def parse_args(argv=None):
         p.error(f"--budgets must be a comma list of numbers in [0, 1], got {args.budgets!r}")
     if not args.budgets or any(not 0.0 <= b <= 1.0 for b in args.budgets):
         p.error(f"--budgets must be a non-empty comma list of fractions in [0, 1], got {args.budgets}")
+    from thunder_remat.budget import parse_budget
+
+    args.peaks = [f"peak:{size.strip()}" for size in args.peaks.split(",") if size.strip()]
+    for peak in args.peaks:
+        try:
+            parse_budget(peak)
+        except ValueError as exc:
+            p.error(f"--peaks: {exc}")
     args.configs = [c.strip() for c in args.configs.split(",") if c.strip()]
     bad = [c for c in args.configs if c not in CONFIGS]
     if bad or not args.configs:
@@ -223,7 +235,14 @@ def compile_config(config: str, budget: float | None):
     def wrap(m):
         return thunder.jit(m, executors=executors, **options) if executors else thunder.jit(m, **options)
 
-    return system, name, "-" if budget is None else f"{budget:g}", wrap
+    return system, name, _label(budget), wrap
+
+
+def _label(budget) -> str:
+    """A budget as the table shows it: a fraction, or a peak budget's string."""
+    if budget is None:
+        return "-"
+    return budget if isinstance(budget, str) else f"{budget:g}"
 
 
 def run_config(work: Workload, config: str, budget: float | None, reference, args, device) -> Row:
@@ -274,9 +293,14 @@ def run_config(work: Workload, config: str, budget: float | None, reference, arg
         if plan is not None and plan.peak_estimate is not None:
             row.estimate = _mb(plan.peak_estimate)
         elif plan is not None and plan.trace is not None:
-            from thunder_remat.whole_graph.peak import estimate_peak_bytes
+            from thunder_remat.whole_graph.peak import estimate_peak_bytes, predict_regions
 
-            row.estimate = _mb(estimate_peak_bytes(plan.trace)) + "*"
+            regions = None
+            if config == "thunder-tc":
+                from thunder.executors.torch_compile import torch_compile_ex
+
+                regions = predict_regions(plan.trace, torch_compile_ex.can_fuse)
+            row.estimate = _mb(estimate_peak_bytes(plan.trace, regions)) + "*"
         if plan is not None and plan.failure:
             row.note = f"plan failed: {plan.failure}"
     return row
@@ -350,10 +374,10 @@ def main(argv=None) -> int:
         elif config in ("inductor", "aot_eager"):
             plan.extend((config, b) for b in args.budgets)
         else:
-            plan.extend([(config, None)] + [(config, b) for b in args.budgets])
+            plan.extend([(config, None)] + [(config, b) for b in (*args.budgets, *args.peaks)])
     rows = []
     for i, (config, budget) in enumerate(plan, 1):
-        log.info("[%d/%d] %s%s", i, len(plan), config, "" if budget is None else f" at budget {budget:g}")
+        log.info("[%d/%d] %s%s", i, len(plan), config, "" if budget is None else f" at budget {_label(budget)}")
         try:
             row = run_config(work, config, budget, reference, args, device)
         except Exception as exc:  # one configuration failing must not lose the others

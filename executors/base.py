@@ -12,7 +12,8 @@ from dataclasses import dataclass
 
 from thunder.core.proxies import variableify
 
-__all__ = ["FusionAdapter", "adapter_for", "register_adapter", "cache_info_now", "cache_info_restored"]
+__all__ = ["FusionAdapter", "adapter_for", "register_adapter", "cache_info_now", "cache_info_restored",
+           "fusion_counter"]
 
 
 def cache_info_now():
@@ -77,6 +78,22 @@ class FusionAdapter:
             bound_symbols=tuple(bsym.subsymbols),
         )
         return self.executor.fuse(region, _fusion_counter(bsym.sym.name))
+
+
+    def fuse_piece(self, inputs, outputs, bound_symbols, counter: int):
+        """A new region of this executor running ``bound_symbols`` (one piece of a split region),
+        named with ``counter``; ``inputs``/``outputs``: proxies."""
+        region = _RegionView(
+            inputs=tuple(variableify(p) for p in inputs),
+            outputs=tuple(variableify(p) for p in outputs),
+            bound_symbols=tuple(bound_symbols),
+        )
+        return self.executor.fuse(region, counter)
+
+
+def fusion_counter(name: str) -> int:
+    """The number in a region's name (``TorchCompile3`` -> 3)."""
+    return _fusion_counter(name)
 
 
 _ADAPTERS: list[tuple[Callable[[object], bool], type[FusionAdapter]]] = []

@@ -52,6 +52,9 @@ class RematConfig:
     #: again, used if 2% lower than without. Lower peak for up to ~2x recompute; needs the window.
     #: False: off.
     checkpoint_budget: Any = "auto"
+    #: Cut backward fusion regions where the values they read from the forward can be freed early
+    #: (a region holds what it reads until it returns; see thunder_remat.pairs.split).
+    split_regions: bool = True
     #: Check every rewritten trace with thunder_remat.verify; a rewrite that fails is undone (with a warning).
     verify: bool = True
     #: Under FSDP ZeRO-3, re-gather parameters in the backward instead of saving the gathered ones.
@@ -60,7 +63,7 @@ class RematConfig:
     fsdp_prefetch: int = 1
 
     def __post_init__(self) -> None:
-        for name in ("enabled", "fusion_pairs", "whole_graph", "verify", "fsdp_regather"):
+        for name in ("enabled", "fusion_pairs", "whole_graph", "verify", "fsdp_regather", "split_regions"):
             _check_choice(name, getattr(self, name), _BOOLS)
         _check_choice("solver", self.solver, KNAPSACK_SOLVERS)
         _check_choice("cost_model", self.cost_model, COST_MODELS)

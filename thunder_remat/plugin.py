@@ -28,7 +28,9 @@ from thunder_remat.config import COMPILE_OPTIONS, RematConfig, config_from_optio
 from thunder_remat.executors import adapter_for
 from thunder_remat.executors.compile_stash import stash, stash_for, stashed, stashed_now
 from thunder_remat.executors.pipeline import record_provenance
+from thunder_remat.executors.base import fusion_counter
 from thunder_remat.pairs.run import PairPassResult, rematerialize_fusion_pairs
+from thunder_remat.pairs.split import split_backward_regions
 from thunder_remat.records import PassStatus
 from thunder_remat.verify import verify
 from thunder_remat.whole_graph.run import SavePassResult, plan_saved_values
@@ -72,6 +74,10 @@ class RematFusionExecutor(FusionExecutor):
         with _collector_paused():
             result = rematerialize_fusion_pairs(trace, self.config, adapter_for=adapter_for, finalize=_finalize,
                                                 saved_set_planned=self.saved_set_planned)
+            if self.config.split_regions:
+                bsyms, result.split_regions = split_backward_regions(result.trace, adapter_for, fusion_counter)
+                if result.split_regions:
+                    result.trace = _finalize(result.trace, bsyms)
             problems = verify(trace, result.trace) if self.config.verify and result.trace is not trace else ()
         if problems:
             warnings.warn(

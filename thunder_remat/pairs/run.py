@@ -67,6 +67,8 @@ class PairPassResult(PassResult):
     STAGES: ClassVar[tuple[str, ...]] = ("analysis", "solve", "rewrite", "reemit")
 
     pairs: list[PairRecord] = field(default_factory=list)
+    #: (region name, pieces) of every backward region cut so saved values die early (pairs.split)
+    split_regions: list[tuple[str, int]] = field(default_factory=list)
 
     @property
     def bytes_before(self) -> int:
@@ -85,6 +87,8 @@ class PairPassResult(PassResult):
             f"{len(self.pairs)} pairs visited, {rewritten} rewritten; "
             f"bytes crossing {self.bytes_before} -> {self.bytes_after})"
         )
+        if self.split_regions:
+            text += "; backward regions cut: " + ", ".join(f"{name} into {n}" for name, n in self.split_regions)
         if self.failure:
             text += f"; abandoned: {self.failure}"
         return text

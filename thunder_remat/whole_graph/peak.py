@@ -15,9 +15,11 @@ from __future__ import annotations
 
 from thunder.core.pytree import tree_flatten
 
+from thunder_remat.cost import value_bytes
+from thunder_remat.solvers.region_cuts import region_cuts
 from thunder_remat.trace_facts import forward_storages, is_backward
 from thunder_remat.whole_graph.rewrite import CopySchedule
-from thunder_remat.storage import StorageMap
+from thunder_remat.storage import StorageMap, storage_map
 
 __all__ = ["estimate_peak_bytes", "estimate_schedule_peak", "predict_regions"]
 
@@ -27,21 +29,47 @@ def estimate_peak_bytes(trace, regions: tuple[int, ...] | None = None) -> int:
     return estimate_schedule_peak(CopySchedule(trace), regions=regions)
 
 
-def predict_regions(trace, fusible) -> tuple[int, ...]:
+def predict_regions(trace, fusible, split: bool = True) -> tuple[int, ...]:
     """Per position of a joint trace, the backward fusion region its bound symbol is expected to
     run in (-1: none): each run of consecutive backward bound symbols that ``fusible`` (a fusion
-    executor's ``can_fuse``) accepts. Thunder fuses the joint trace after thunder_remat's rewrite;
-    a copy the rewrite places before a backward reader runs in that reader's region."""
-    regions, region, open_ = [], -1, False
-    for bsym in trace.bound_symbols:
-        if is_backward(bsym) and fusible(bsym):
-            if not open_:
-                region, open_ = region + 1, True
-            regions.append(region)
-        else:
-            open_ = False
-            regions.append(-1)
+    executor's ``can_fuse``) accepts, cut where ``pairs.split`` will cut it (``split``; the rule is
+    ``solvers.region_cuts``). Thunder fuses the joint trace after thunder_remat's rewrite; a copy
+    the rewrite places before a backward reader runs in that reader's region."""
+    bsyms = trace.bound_symbols
+    runs: list[list[int]] = []
+    previous = False
+    for position, bsym in enumerate(bsyms):
+        fused = is_backward(bsym) and bool(fusible(bsym))
+        if fused and not previous:
+            runs.append([])
+        if fused:
+            runs[-1].append(position)
+        previous = fused
+    regions = [-1] * len(bsyms)
+    region = -1
+    held = {p.name for p in tree_flatten((trace.args, trace.kwargs))[0] if hasattr(p, "name")}
+    for run in runs:
+        cuts = set(_cuts(bsyms, run, held)) if split else set()
+        region += 1
+        for k, position in enumerate(run):
+            regions[position] = region
+            if k in cuts:
+                region += 1
     return tuple(regions)
+
+
+def _cuts(bsyms, run: list[int], held: set[str]) -> list[int]:
+    """Where ``pairs.split`` would cut a region made of the bound symbols at ``run``."""
+    members = set(run)
+    reads = [tuple(p.name for p in bsyms[i].flat_proxy_args) for i in run]
+    makes = [tuple(p.name for p in bsyms[i].flat_proxy_outs) for i in run]
+    made = {n for names in makes for n in names}
+    sizes = {p.name: value_bytes(p) for i in run for p in (*bsyms[i].flat_proxy_args, *bsyms[i].flat_proxy_outs)}
+    inputs = {n for names in reads for n in names if n not in made}
+    after = {p.name for i, b in enumerate(bsyms) if i > run[-1] and i not in members for p in b.flat_proxy_args}
+    storages = storage_map([bsyms[i] for i in run], [])
+    views = {name for name in made if storages.owner_of(name) != name}
+    return region_cuts(reads, makes, sizes, inputs - held, made & after, views)
 
 
 def estimate_schedule_peak(schedule: CopySchedule, storages: StorageMap | None = None,

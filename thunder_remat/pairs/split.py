@@ -1,0 +1,83 @@
+"""Split the backward's fusion regions so that saved values die with the piece that last reads them.
+
+A fusion region is one call whose inputs are its arguments: with Thunder's torch.compile executor
+on CPU the whole backward is one region, and every value the forward saved lives until it returns,
+however early its last reader runs (docs/whole-graph.md, "The step's peak"). Cut into pieces run
+one after another, Thunder's ``del_last_used`` frees a saved value after the piece that last
+reads it. Where to cut is ``solvers.region_cuts`` (plain data); each piece is emitted through
+the region's own executor, in the original order, reading and returning what the pieces around it
+need, so the trace computes the same values.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from thunder.core.proxies import TensorProxy
+from thunder.core.pytree import tree_flatten
+
+from thunder_remat.cost import value_bytes
+from thunder_remat.solvers.region_cuts import region_cuts
+from thunder_remat.storage import storage_map
+from thunder_remat.trace_facts import is_backward_region
+
+__all__ = ["split_backward_regions"]
+
+
+def split_backward_regions(trace, adapter_for: Callable, fusion_counter: Callable) -> tuple[list, list[tuple[str, int]]]:
+    """The bound symbols of ``trace`` with each backward fusion region cut where ``region_cuts``
+    says, and (region name, pieces) for every region cut."""
+    # the function's arguments and parameters are held anyway: a cut frees nothing of theirs
+    held = {p.name for p in tree_flatten((trace.args, trace.kwargs))[0] if hasattr(p, "name")}
+    bsyms = list(trace.bound_symbols)
+    counters: dict[object, int] = {}
+    for bsym in bsyms:
+        if bsym.sym.is_fusion:
+            ex = bsym.sym.executor
+            counters[ex] = max(counters.get(ex, -1), fusion_counter(bsym.sym.name))
+    out, done = [], []
+    for bsym in bsyms:
+        pieces = _pieces(bsym, held) if bsym.sym.is_fusion and is_backward_region(bsym) else None
+        if not pieces:
+            out.append(bsym)
+            continue
+        adapter = adapter_for(bsym.sym.executor)
+        for inputs, outputs, body in pieces:
+            counters[bsym.sym.executor] += 1
+            out.append(adapter.fuse_piece(inputs, outputs, body, counters[bsym.sym.executor]))
+        done.append((bsym.sym.name, len(pieces)))
+    return out, done
+
+
+def _pieces(region, held: set[str]):
+    """(inputs, outputs, bound symbols) of each piece of ``region``, or None when it is not cut."""
+    subs = list(region.subsymbols)
+    proxies = {}
+    for sub in subs:
+        for p in (*sub.flat_proxy_args, *sub.flat_proxy_outs):
+            proxies.setdefault(p.name, p)
+    reads = [tuple(p.name for p in sub.flat_proxy_args) for sub in subs]
+    makes = [tuple(p.name for p in sub.flat_proxy_outs) for sub in subs]
+    sizes = {name: value_bytes(p) for name, p in proxies.items() if isinstance(p, TensorProxy)}
+    inputs = {p.name for p in region.flat_proxy_args}
+    returned = [p.name for p in region.flat_proxy_outs]
+    storages = storage_map(subs, region.flat_proxy_args)
+    views = {name for name in sizes if storages.owner_of(name) != name}
+    cuts = region_cuts(reads, makes, sizes, inputs - held, set(returned), views)
+    if not cuts:
+        return None
+    bounds = [0, *(k + 1 for k in cuts), len(subs)]
+    needed_after: list[set[str]] = []  # per piece: what later pieces or the region's readers need
+    later = set(returned)
+    for start, end in reversed(list(zip(bounds, bounds[1:]))):
+        needed_after.append(set(later))
+        for names in reads[start:end]:
+            later.update(names)
+    needed_after.reverse()
+    pieces = []
+    for (start, end), after in zip(zip(bounds, bounds[1:]), needed_after):
+        made = {n for names in makes[start:end] for n in names}
+        ins = list(dict.fromkeys(n for names in reads[start:end] for n in names if n not in made))
+        outs = [n for names in makes[start:end] for n in names if n in after]
+        pieces.append(([proxies[n] for n in ins], [proxies[n] for n in dict.fromkeys(outs)], subs[start:end]))
+    return pieces

@@ -1,0 +1,63 @@
+"""Where to cut a backward fusion region so that what it reads can be freed before it ends.
+
+A fusion region is one call: every value it reads from before it (the saved activations, most of
+all) lives until it returns, even when its last reader inside the region runs early. Cut into
+pieces, run one after another, a value lives only until the piece that last reads it returns.
+A cut also has a price: every value made before it and read after it must exist in memory between
+the pieces (inside one region the compiler may never materialize it), unless the region returns it
+anyway.
+
+Plain data in, cut positions out. The rule is greedy and local: walking the region's ops in order,
+cut after an op when the bytes of inputs whose last read has passed since the previous cut, but no
+more than the rest of the region makes (freed memory lowers the peak only under what comes after),
+exceed the bytes that would cross the cut.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+__all__ = ["region_cuts"]
+
+
+def region_cuts(reads: Sequence[Sequence[str]], makes: Sequence[Sequence[str]], sizes: Mapping[str, int],
+                freeable: frozenset[str] | set[str], outputs: frozenset[str] | set[str],
+                views: frozenset[str] | set[str] = frozenset()) -> list[int]:
+    """Positions ``k`` (0-based, in op order) after which to cut a region of ``len(reads)`` ops.
+
+    ``reads``/``makes``: the names each op reads and makes; ``sizes``: bytes per name (0 if
+    absent); ``freeable``: the region's inputs whose memory is freed once nothing reads them (not
+    parameters or other values held anyway); ``outputs``: what the region returns (alive after it);
+    ``views``: values that share another's storage (they allocate nothing).
+    """
+    n = len(reads)
+    if n < 2:
+        return []
+    last: dict[str, int] = {}
+    for k, names in enumerate(reads):
+        for name in names:
+            last[name] = k
+    freed = [0] * n  # bytes of freeable inputs whose last read is op k
+    counted: set[str] = set()
+    for name, k in last.items():
+        if name in freeable and name not in counted:
+            counted.add(name)
+            freed[k] += sizes.get(name, 0)
+    crossing = [0] * (n + 1)  # difference array: a value made at d and last read at l crosses d..l-1
+    for d, names in enumerate(makes):
+        for name in names:
+            end = last.get(name, d)
+            if name not in outputs and end > d:  # an output exists between the pieces anyway
+                crossing[d] += sizes.get(name, 0)
+                crossing[end] -= sizes.get(name, 0)
+    rest = [0] * (n + 1)  # bytes the ops after k make: what freed memory would otherwise sit under
+    for k in range(n - 1, -1, -1):
+        rest[k] = rest[k + 1] + sum(sizes.get(name, 0) for name in makes[k] if name not in views)
+    cuts, live, since = [], 0, 0
+    for k in range(n - 1):
+        live += crossing[k]
+        since += freed[k]
+        if min(since, rest[k + 1]) > live:
+            cuts.append(k)
+            since = 0
+    return cuts
