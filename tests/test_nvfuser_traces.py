@@ -70,7 +70,8 @@ MODELS = ("gpt", "llama", "mlp")
 GOLDEN = Path(__file__).parent / "golden"
 #: the compilations compared: thunder_remat's pair pass alone, Thunder's own pass, thunder_remat's defaults
 VARIANTS = {
-    "ours": {"remat": True, "remat_whole_graph": False},
+    # the pair pass alone: no whole-graph plan, backward regions not cut (the defaults cut them)
+    "ours": {"remat": True, "remat_whole_graph": False, "remat_split_regions": False},
     "thunder": {},
     "defaults": {"remat": True},
 }
@@ -288,6 +289,11 @@ def test_defaults_run_both_passes_on_nvfuser_regions(name):
     assert thunder_remat.verify(b.pair_input, result.trace) == []
     ours, theirs = bytes_crossing(b.forward, b.backward), bytes_crossing(*_final(name, "thunder"))
     assert ours.saved < theirs.saved and ours.total < theirs.total
+    # backward regions cut where saved values die (pairs.split) are nvFuser regions like the others
+    for n, region in {**regions(b.forward), **regions(b.backward)}.items():
+        fd = fusion_definition(region)
+        assert len(fd.fusion.inputs()) == len(region.args), n
+        assert len(fd.fusion.outputs()) == len(region.flat_proxy_outs), n
 
 
 def _final(name, variant):
