@@ -69,11 +69,16 @@ class RematFusionExecutor(FusionExecutor):
         self.saved_set_planned = False
 
     def fusion_pass(self, trace):
-        if not (self.config.enabled and self.config.fusion_pairs):
+        """The fusion-pair pass (``remat_fusion_pairs``), then the backward region cuts
+        (``remat_split_regions``), verified together; undone together if verification fails."""
+        if not (self.config.enabled and (self.config.fusion_pairs or self.config.split_regions)):
             return trace
         with _collector_paused():
-            result = rematerialize_fusion_pairs(trace, self.config, adapter_for=adapter_for, finalize=_finalize,
-                                                saved_set_planned=self.saved_set_planned)
+            if self.config.fusion_pairs:
+                result = rematerialize_fusion_pairs(trace, self.config, adapter_for=adapter_for, finalize=_finalize,
+                                                    saved_set_planned=self.saved_set_planned)
+            else:
+                result = PairPassResult(trace)
             if self.config.split_regions:
                 bsyms, result.split_regions = split_backward_regions(result.trace, adapter_for, fusion_counter)
                 if result.split_regions:
