@@ -17,6 +17,7 @@ from thunder_remat.verify import VerificationError, verify
 from thunder_remat.policies import (
     DEFAULT_POLICIES,
     KeepSmallReductions,
+    NeverRecomputeContractions,
     NeverRecomputeMatmul,
     NeverRecomputeRandom,
     RespectThunderTags,
@@ -25,7 +26,8 @@ from thunder_remat.policies import (
 __all__ = [
     "RematConfig", "Remat", "RematTransform", "RematFusionExecutor", "last_pair_pass", "last_save_plan",
     "thunderfx_subgraphs",
-    "DEFAULT_POLICIES", "NeverRecomputeRandom", "NeverRecomputeMatmul", "KeepSmallReductions",
+    "DEFAULT_POLICIES", "NeverRecomputeRandom", "NeverRecomputeMatmul", "NeverRecomputeContractions",
+    "KeepSmallReductions",
     "RespectThunderTags", "sweep_budgets", "plot_tradeoff", "explain", "draw", "verify", "VerificationError", "__version__",
 ]
 __version__ = "0.2.0"
