@@ -272,3 +272,26 @@ def test_an_in_place_method_on_a_fresh_tensor_may_run_again(executors):
     assert ours.saved_bytes <= alone.saved_bytes
     for got, want in zip(ours.grads, alone.grads):
         torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-4)
+
+
+def test_verify_matches_values_across_traces_whatever_comes_first():
+    """Value numbers are shared by the two traces verify compares: an extra, unread op at the start
+    of the rewritten trace (so every later value is numbered in another order) changes nothing."""
+    from thunder.core import prims
+    from thunder.core.proxies import TensorProxy
+    from thunder.core.trace import from_trace, tracectx
+
+    from thunder_remat.plugin import last_joint_trace
+    from thunder_remat.verify import verify
+
+    args = [a.requires_grad_() for a in biased_attention_inputs()]
+    r = run(biased_attention, args, executors=[], remat=True, remat_whole_graph=False)
+    joint = last_joint_trace(r.jitted)
+    first = next(i for i, b in enumerate(joint.bound_symbols) if b.sym.name == "matmul" or
+                 any(s.sym.name == "matmul" for s in b.subsymbols))
+    x = joint.args[0]
+    shifted = from_trace(joint)
+    with tracectx(shifted):
+        extra = prims.neg.bind(x, output=TensorProxy(like=x))
+    shifted.bound_symbols = [*joint.bound_symbols[:first], extra, *joint.bound_symbols[first:]]
+    assert verify(joint, shifted) == []

@@ -77,9 +77,10 @@ class _InPlaceFacts:
     writes: dict = field(default_factory=dict)
 
 
-def _in_place_facts(trace) -> _InPlaceFacts:
+def _in_place_facts(trace, numbers: dict) -> _InPlaceFacts:
     """One walk over ``trace``'s leaf ops (regions through their bodies); empty facts when nothing
-    writes in place."""
+    writes in place. ``numbers``: the value-number table, shared by the traces compared (a number
+    is its key's index in it, so the same computation gets the same number in both)."""
     facts = _InPlaceFacts()
     if not any(in_place_destination(b) is not None for top in trace.bound_symbols for b in (top, *top.subsymbols)):
         return facts
@@ -88,7 +89,6 @@ def _in_place_facts(trace) -> _InPlaceFacts:
     leaves = list(leaf_ops(trace.bound_symbols))
     storages = storage_map(leaves, [p for p in tree_flatten((trace.args, trace.kwargs))[0] if isinstance(p, Proxy)])
     made: dict[str, int] = {}
-    numbers: dict[object, int] = {}
     number_of: dict[str, int] = {}
 
     def number(key) -> int:
@@ -214,7 +214,8 @@ def verify(before, after, *, saved=None, saved_bytes=None, replayed=(), raise_on
             problems.append(f"{op} runs {n} times, {was.get(op, 0)} before: random, in-place or collective ops "
                             "must not be duplicated")
 
-    writes_before, writes_after = _in_place_facts(before), _in_place_facts(after)
+    numbers: dict = {}
+    writes_before, writes_after = _in_place_facts(before, numbers), _in_place_facts(after, numbers)
     for op, name in sorted((op, name) for (op, key), name in writes_after.stale_reads.items()
                            if (op, key) not in writes_before.stale_reads):
         problems.append(f"{op} reads {name} after an in-place write changed its storage: a write may run "

@@ -156,7 +156,7 @@ def plan_saved_values(trace, config, *, zero3: bool = False, fusible=None) -> Sa
                 problem = with_measured_costs(problem, _measure(trace, problem))
             result.problem = problem
         window = config.recompute_window or None
-        regions = predict_regions(trace, fusible) if fusible is not None else None
+        regions = predict_regions(trace, fusible, config.split_regions) if fusible is not None else None
         peak_budget = config.budget is not None and BudgetKind(config.budget[0]) is BudgetKind.PEAK
         with timings.stage("solve"):
             if is_fastest_budget(config.budget):
