@@ -48,8 +48,13 @@ def predict_regions(trace, fusible, split: bool = True) -> tuple[int, ...]:
     regions = [-1] * len(bsyms)
     region = -1
     held = {p.name for p in tree_flatten((trace.args, trace.kwargs))[0] if hasattr(p, "name")}
+    last_read: dict[str, int] = {}  # name -> the last position reading it (one walk for every run)
+    if split:
+        for position, bsym in enumerate(bsyms):
+            for p in bsym.flat_proxy_args:
+                last_read[p.name] = position
     for run in runs:
-        cuts = set(_cuts(bsyms, run, held)) if split else set()
+        cuts = set(_cuts(bsyms, run, held, last_read)) if split else set()
         region += 1
         for k, position in enumerate(run):
             regions[position] = region
@@ -58,15 +63,14 @@ def predict_regions(trace, fusible, split: bool = True) -> tuple[int, ...]:
     return tuple(regions)
 
 
-def _cuts(bsyms, run: list[int], held: set[str]) -> list[int]:
+def _cuts(bsyms, run: list[int], held: set[str], last_read: dict[str, int]) -> list[int]:
     """Where ``pairs.split`` would cut a region made of the bound symbols at ``run``."""
-    members = set(run)
     reads = [tuple(p.name for p in bsyms[i].flat_proxy_args) for i in run]
     makes = [tuple(p.name for p in bsyms[i].flat_proxy_outs) for i in run]
     made = {n for names in makes for n in names}
     sizes = {p.name: value_bytes(p) for i in run for p in (*bsyms[i].flat_proxy_args, *bsyms[i].flat_proxy_outs)}
     inputs = {n for names in reads for n in names if n not in made}
-    after = {p.name for i, b in enumerate(bsyms) if i > run[-1] and i not in members for p in b.flat_proxy_args}
+    after = {n for n in made if last_read.get(n, -1) > run[-1]}  # read after the region: its outputs
     storages = storage_map([bsyms[i] for i in run], [])
     views = {name for name in made if storages.owner_of(name) != name}
     return region_cuts(reads, makes, sizes, inputs - held, made & after, views)
