@@ -50,6 +50,8 @@ class CheckpointChoice:
     peak_estimate_without_checkpoints: int | None = None
     #: "auto" only: the estimated step peak with each anchor chain tried (a tuple of fractions)
     anchor_estimates: dict = field(default_factory=dict)
+    #: "auto" only: (anchor fraction, anchor plan) per level, so a plan that saves less can hold them
+    anchors: tuple = ()
 
 
 def backward_checkpoints(problem: SaveProblem, choice: BudgetChoice, fractions) -> tuple[tuple[float, frozenset[int]], ...]:
@@ -59,30 +61,46 @@ def backward_checkpoints(problem: SaveProblem, choice: BudgetChoice, fractions) 
     recomputes the second's from them where they are first needed, as the first anchor's own
     backward would (see ``schedule_copies``).
     """
+    return tuple((fraction, ops) for fraction, ops, _ in _anchored_levels(problem, choice, fractions))
+
+
+def _anchored_levels(problem: SaveProblem, choice: BudgetChoice, fractions) -> tuple:
+    """``backward_checkpoints``' levels with each one's anchor plan: (fraction, ops, plan)."""
     if choice.frontier is None:
         return ()
-    recomputed = set(choice.plan.recomputed)
-    covered = set(choice.plan.saved)
-    levels = []
+    anchors = []
     for fraction in sorted(fractions):
         if target_bytes(choice.frontier, Budget.fraction(fraction)) <= choice.plan.saved_bytes:
             # every plan that budget may choose saves no more than the chosen one (a fraction's
             # target is never below the smallest plan, so it always has a plan that fits)
             continue
-        anchor = choose_plan(choice.frontier, Budget.fraction(fraction)).plan
-        if anchor.saved_bytes <= choice.plan.saved_bytes:
+        anchors.append((float(fraction), choose_plan(choice.frontier, Budget.fraction(fraction)).plan))
+    return levels_for_anchors(problem, choice.plan, anchors)
+
+
+def levels_for_anchors(problem: SaveProblem, plan, anchors) -> tuple:
+    """The checkpoint levels of ``plan`` held at ``anchors`` ((fraction, anchor plan), nearest
+    first): per anchor, the ops ``plan`` recomputes that make a value the anchor saves and no
+    nearer anchor (nor ``plan`` itself) does, as (fraction, ops, anchor plan). An anchor that saves
+    no more than ``plan``, or adds no op, gives no level."""
+    recomputed = set(plan.recomputed)
+    covered = set(plan.saved)
+    levels = []
+    for fraction, anchor in anchors:
+        if anchor.saved_bytes <= plan.saved_bytes:
             continue
         held = set(anchor.saved) - covered
         covered |= held
         level = frozenset(op.index for op in problem.ops if op.index in recomputed and held.intersection(op.outputs))
         if level:
-            levels.append((float(fraction), level))
+            levels.append((fraction, level, anchor))
     return tuple(levels)
 
 
-def copy_schedule(trace, problem: SaveProblem, plan, window, checkpoints=(), names=None) -> CopySchedule:
+def copy_schedule(trace, problem: SaveProblem, plan, window, checkpoints=(), names=None, early=False) -> CopySchedule:
     """Where the backward makes each recomputed value again, holding ``checkpoints`` (op sets);
-    ``names``: the trace's ``trace_names`` when several schedules of it are made."""
+    ``names``: the trace's ``trace_names`` when several schedules of it are made; ``early``: the
+    outermost level is made when the backward starts (``schedule_copies``)."""
     # Re-gathers (FSDP ZeRO-3) are recomputed by rule but are collectives: never issued twice.
     held = frozenset().union(*checkpoints)
     cheap = frozenset(op.index for op in problem.ops
@@ -91,7 +109,7 @@ def copy_schedule(trace, problem: SaveProblem, plan, window, checkpoints=(), nam
     segments = frozenset(op.index for op in problem.ops if op.index in recomputed and not op.collective
                          and op.index not in held and op.index not in cheap)
     return schedule_copies(trace, plan.recomputed, window=window, cheap=cheap, checkpoints=checkpoints,
-                           segments=segments, names=names)
+                           segments=segments, names=names, early=early)
 
 
 @dataclass
@@ -118,16 +136,22 @@ def choose_anchor(plain_peak: int, candidates):
 
 
 def checkpointed_schedule(trace, problem: SaveProblem, choice: BudgetChoice, *, window, setting,
-                          timings: Timings, regions=None) -> CheckpointChoice:
+                          timings: Timings, regions=None, inherit=(), names=None,
+                          storages=None) -> CheckpointChoice:
     """The copy schedule with the checkpoints ``setting`` asks for (``remat_checkpoint_budget``:
     False, a fraction or tuple of fractions, or "auto"); time goes to ``timings``; ``regions``: the
-    backward fusion regions the estimates model (``peak.predict_regions``; None: no fusion)."""
-    names = None  # the trace's names, read once for every schedule and estimate below
+    backward fusion regions the estimates model (``peak.predict_regions``; None: no fusion).
 
-    def schedule(checkpoints=()):
+    ``inherit`` ("auto" only): (fraction, plan) anchors, nearest first, of the lowest-peak rewrite
+    found for a plan that saves more (``frontier_walk``); holding them is one more candidate, taken
+    if its estimate is lower than every other. ``names``, ``storages``: the trace's
+    ``trace_names`` and ``forward_storages(trace, with_backward=True)`` when already known.
+    """
+
+    def schedule(checkpoints=(), early=False):
         nonlocal names
         with timings.stage("rewrite"):
-            made = copy_schedule(trace, problem, choice.plan, window, checkpoints, names)
+            made = copy_schedule(trace, problem, choice.plan, window, checkpoints, names, early)
         names = made.names
         return made
 
@@ -139,48 +163,63 @@ def checkpointed_schedule(trace, problem: SaveProblem, choice: BudgetChoice, *, 
         return CheckpointChoice(schedule(tuple(ops for _, ops in levels)), levels)
     ops = {op.index: op for op in problem.ops}
     plain = schedule()
-    if not any(ops[i].soft_ban for i in choice.plan.recomputed):
+    cheap_only = not any(ops[i].soft_ban for i in choice.plan.recomputed)
+    if cheap_only and not inherit:
         return CheckpointChoice(plain)  # only cheap ops recomputed: the window alone bounds what is held
     with timings.stage("estimate"):
-        storages = forward_storages(trace, with_backward=True)  # shared by every estimate
+        if storages is None:
+            storages = forward_storages(trace, with_backward=True)  # shared by every estimate
         plain_peak = estimate_schedule_peak(plain, storages, regions)
     estimates = {}
     seen = set()
 
-    def attempt(chain) -> Candidate | None:
+    def attempt(chain, anchors=None, early=False) -> Candidate | None:
         with timings.stage("solve"):
-            levels = backward_checkpoints(problem, choice, chain)
-        held = tuple(ops for _, ops in levels)
-        if not held or held in seen:
+            if anchors is None:
+                levels = _anchored_levels(problem, choice, chain)
+            else:
+                levels = levels_for_anchors(problem, choice.plan, anchors)
+        held = tuple(ops for _, ops, _ in levels)
+        if not held or (held, early) in seen:
             return None
-        seen.add(held)
-        candidate_schedule = schedule(held)
+        seen.add((held, early))
+        candidate_schedule = schedule(held, early)
         with timings.stage("estimate"):
             peak = estimate_schedule_peak(candidate_schedule, storages, regions)
         estimates[chain] = peak
         return Candidate(chain, levels, peak, candidate_schedule)
 
-    singles = []
-    for fraction in AUTO_ANCHORS:
-        candidate = attempt((fraction,))
-        if candidate is None:
-            continue
-        singles.append(candidate)
-        _let_go(plain_peak, singles)
-    best = choose_anchor(plain_peak, singles)
+    best = None
+    if not cheap_only:
+        singles = []
+        for fraction in AUTO_ANCHORS:
+            candidate = attempt((fraction,))
+            if candidate is None:
+                continue
+            singles.append(candidate)
+            _let_go(plain_peak, singles)
+        best = choose_anchor(plain_peak, singles)
+    if best is not None:
+        # Nest: hold the nearest anchor's values (the smallest anchor that gives another rewrite) and
+        # recompute the chosen anchor's from them, as the nearest plan's own backward would; kept if
+        # that lowers the estimate by AUTO_MIN_GAIN. (On the built-in models the nearest was also the
+        # best of all nearer anchors, for one rewrite instead of up to four.)
+        for fraction in (f for f in AUTO_ANCHORS if f < best.chain[0]):
+            nested = attempt((fraction, *best.chain))
+            if nested is not None:
+                if nested.peak <= (1.0 - AUTO_MIN_GAIN) * best.peak:
+                    best = nested
+                break
+    if inherit:
+        # the lowest-peak rewrite of a plan that saves more, held: its saved values and its checkpoints
+        held_above = attempt(tuple(fraction for fraction, _ in inherit), inherit, early=True)
+        if held_above is not None and held_above.peak < (plain_peak if best is None else best.peak):
+            best = held_above
     if best is None:
         return CheckpointChoice(plain, (), plain_peak, plain_peak, estimates)
-    # Nest: hold the nearest anchor's values (the smallest anchor that gives another rewrite) and
-    # recompute the chosen anchor's from them, as the nearest plan's own backward would; kept if
-    # that lowers the estimate by AUTO_MIN_GAIN. (On the built-in models the nearest was also the
-    # best of all nearer anchors, for one rewrite instead of up to four.)
-    for fraction in (f for f in AUTO_ANCHORS if f < best.chain[0]):
-        nested = attempt((fraction, *best.chain))
-        if nested is not None:
-            if nested.peak <= (1.0 - AUTO_MIN_GAIN) * best.peak:
-                best = nested
-            break
-    return CheckpointChoice(best.schedule, best.levels, best.peak, plain_peak, estimates)
+    levels = tuple((fraction, ops) for fraction, ops, _ in best.levels)
+    anchors = tuple((fraction, anchor) for fraction, _, anchor in best.levels)
+    return CheckpointChoice(best.schedule, levels, best.peak, plain_peak, estimates, anchors)
 
 
 def _let_go(plain_peak: int, candidates) -> None:

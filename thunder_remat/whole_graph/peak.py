@@ -77,7 +77,7 @@ def _cuts(bsyms, run: list[int], held: set[str], last_read: dict[str, int]) -> l
 
 
 def estimate_schedule_peak(schedule: CopySchedule, storages: StorageMap | None = None,
-                           regions: tuple[int, ...] | None = None) -> int:
+                           regions: tuple[int, ...] | None = None, detail: bool = False):
     """The estimated step peak of the trace a schedule would build, without building it.
 
     ``storages``: those of the schedule's (unrewritten) trace, forward and backward, when already
@@ -90,6 +90,9 @@ def estimate_schedule_peak(schedule: CopySchedule, storages: StorageMap | None =
     is one call that holds its inputs as arguments: what it reads from before it (saved values,
     gradients so far) lives until it returns. Inside a region values are freed at their last use,
     as unfused (measured against torch.compile's CPU regions: docs/whole-graph.md).
+
+    ``detail``: return (peak, the step where it happens, {storage: (step allocated, step of last
+    read, bytes)} of the storages alive there) instead of the peak alone.
     """
     trace = schedule.trace
     if storages is None:
@@ -166,16 +169,25 @@ def estimate_schedule_peak(schedule: CopySchedule, storages: StorageMap | None =
             first, last = region_steps[region]
             if start < first:
                 last_read[storage] = max(last_read[storage], last)
-    change = [0] * (step + 1)
-    for storage, at in born.items():
-        change[at] += size.get(storage, sizes.get(storage, 0))
-    frees: dict[int, int] = {}
-    for storage, at in last_read.items():
-        if storage in born:
-            frees[at] = frees.get(at, 0) + size.get(storage, sizes.get(storage, 0))
+    lifetimes = {storage: (at, last_read[storage], size.get(storage, sizes.get(storage, 0)))
+                 for storage, at in born.items()}
+    return _peak_of(lifetimes, step)[0] if not detail else _peak_of(lifetimes, step)
+
+
+def _peak_of(lifetimes: dict, steps: int) -> tuple[int, int, dict]:
+    """The most bytes alive at once, the step where that happens and the storages alive there, from
+    ``lifetimes`` (storage -> (step it is allocated, step of its last read, bytes))."""
+    change = [0] * (steps + 1)
+    frees = [0] * (steps + 1)
+    for born, dies, nbytes in lifetimes.values():
+        change[born] += nbytes
+        frees[dies] += nbytes
     live = peak = 0
-    for at in range(step):
+    peak_step = 0
+    for at in range(steps):
         live += change[at]
-        peak = max(peak, live)
-        live -= frees.get(at, 0)
-    return peak
+        if live > peak:
+            peak, peak_step = live, at
+        live -= frees[at]
+    alive = {s: life for s, life in lifetimes.items() if life[0] <= peak_step <= life[1]}
+    return peak, peak_step, alive

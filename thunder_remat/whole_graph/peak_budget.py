@@ -2,9 +2,10 @@
 
 A saved-bytes budget picks a plan by what the forward hands over; what decides whether a step
 fits is its peak, which also holds what the backward recomputes and the gradients it makes. So
-this stage walks the frontier of plans from the one that recomputes least, gives each the copy
-schedule and checkpoints the options ask for (``checkpoints.checkpointed_schedule``), estimates
-its step peak (``peak.estimate_schedule_peak``) and takes the first that fits. When none fits
+this stage walks the frontier of plans from the one that recomputes least (``frontier_walk``:
+each plan gets the copy schedule and checkpoints the options ask for, and may hold the best
+rewrite above it), estimates its step peak (``peak.estimate_schedule_peak``) and takes the first
+that fits. When none fits
 it takes the one with the lowest estimated peak, and the pass warns with both figures.
 
 A lower peak budget never gets a higher estimated peak: it takes a plan that fits it (and so
@@ -13,19 +14,15 @@ fits every larger one), or the lowest of all.
 
 from __future__ import annotations
 
-import logging
 from dataclasses import dataclass
 
 from thunder_remat.records import Timings
-from thunder_remat.trace_facts import forward_storages
-from thunder_remat.whole_graph.checkpoints import CheckpointChoice, checkpointed_schedule
-from thunder_remat.whole_graph.peak import estimate_schedule_peak
+from thunder_remat.whole_graph.checkpoints import CheckpointChoice
+from thunder_remat.whole_graph.frontier_walk import walk_frontier, walk_order
 from thunder_remat.whole_graph.planner import BudgetChoice, Frontier
 from thunder_remat.whole_graph.problem import SaveProblem
 
 __all__ = ["PeakChoice", "choose_for_peak"]
-
-log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -47,27 +44,16 @@ def choose_for_peak(trace, problem: SaveProblem, frontier: Frontier, target: int
     """The first plan of ``frontier``, least recompute first, whose rewrite's estimated step peak
     is at most ``target`` bytes; otherwise the plan with the lowest estimate. ``regions``: the
     backward fusion regions the estimates model (``peak.predict_regions``)."""
-    storages = None  # the trace's storages, forward and backward: shared by every estimate
     tried: list[tuple[int, int]] = []
     lowest = None
-    plans = sorted(frontier.plans, key=lambda p: (p.recompute_cost, -p.saved_bytes, p.key))
-    for n, plan in enumerate(plans, start=1):
-        choice = BudgetChoice(plan, None, True, frontier, frontier.networks)
-        checkpoints = checkpointed_schedule(trace, problem, choice, window=window, setting=setting, timings=timings,
-                                            regions=regions)
-        peak = checkpoints.peak_estimate
-        if peak is None:
-            with timings.stage("estimate"):
-                if storages is None:
-                    storages = forward_storages(trace, with_backward=True)
-                peak = estimate_schedule_peak(checkpoints.schedule, storages, regions)
-        tried.append((plan.saved_bytes, peak))
-        log.info("peak budget %d B: plan %d of %d saves %d B, estimated step peak %d B", target, n, len(plans),
-                 plan.saved_bytes, peak)
-        if peak <= target:
-            return PeakChoice(choice, checkpoints, peak, True, tuple(tried))
-        if lowest is None or peak < lowest[2]:
-            lowest = (choice, checkpoints, peak)
-    choice, checkpoints, peak = lowest
-    return PeakChoice(BudgetChoice(choice.plan, None, False, frontier, frontier.networks), checkpoints, peak, False,
-                      tuple(tried))
+    plans = sorted(frontier.plans, key=walk_order)
+    choices = (BudgetChoice(plan, None, True, frontier, frontier.networks) for plan in plans)
+    for step in walk_frontier(trace, problem, choices, window=window, setting=setting, timings=timings,
+                              regions=regions):
+        tried.append((step.choice.plan.saved_bytes, step.peak))
+        if step.peak <= target:
+            return PeakChoice(step.choice, step.checkpoints, step.peak, True, tuple(tried))
+        if lowest is None or step.peak < lowest.peak:
+            lowest = step
+    choice = BudgetChoice(lowest.choice.plan, None, False, frontier, frontier.networks)
+    return PeakChoice(choice, lowest.checkpoints, lowest.peak, False, tuple(tried))

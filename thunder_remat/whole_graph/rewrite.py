@@ -70,7 +70,7 @@ def insert_recomputation(trace, recomputed_indices, **options):
 
 def schedule_copies(trace, recomputed_indices, *, window: int | None = None, cheap=frozenset(), checkpoints=(),
                     segments=frozenset(), max_cheap_copies: int = MAX_CHEAP_COPIES,
-                    names: TraceNames | None = None) -> CopySchedule:
+                    names: TraceNames | None = None, early: bool = False) -> CopySchedule:
     """Where the backward recomputes the forward bsyms at ``recomputed_indices``.
 
     Each op is copied at the first backward use of its outputs and the copy is reused after that,
@@ -92,6 +92,9 @@ def schedule_copies(trace, recomputed_indices, *, window: int | None = None, che
     first needed, as if the outer level had been saved by the forward.
 
     So no op is copied more than ``max(max_cheap_copies, len(checkpoints) + 1)`` times.
+    ``early``: the outermost level is made, in forward order, before the first backward reader of a
+    recomputed value, where the backward holds least (what it takes to make them is freed before
+    the backward's own work starts), instead of at first use.
     ``names``: the trace's ``trace_names``, when the caller schedules the same trace more than once.
     """
     schedule = CopySchedule(trace, names=names)
@@ -148,6 +151,11 @@ def schedule_copies(trace, recomputed_indices, *, window: int | None = None, che
 
     try:
         placed = 0  # bound symbols of the trace before ``position``: the rewritten length is placed + copies
+        readers = [p for p in names.backward_readers if any(n in producer_index for n in names.reads[p])]
+        if early and checkpoints and readers:
+            length, placed = readers[0], readers[0]
+            for i in sorted(checkpoints[0]):
+                emit(i, length)
         for position in names.backward_readers:
             length += position - placed
             placed = position

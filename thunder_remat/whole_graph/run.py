@@ -19,6 +19,7 @@ from thunder_remat.verify import verify
 from thunder_remat.whole_graph.analysis import build_save_problem
 from thunder_remat.whole_graph.checkpoints import checkpointed_schedule
 from thunder_remat.whole_graph.peak import predict_regions
+from thunder_remat.whole_graph.frontier_walk import plans_ahead, walk_frontier
 from thunder_remat.whole_graph.peak_budget import choose_for_peak
 from thunder_remat.whole_graph.planner import (BudgetChoice, Frontier, build_frontier, choose_fastest, choose_plan,
                                                is_fastest_budget)
@@ -169,6 +170,13 @@ def plan_saved_values(trace, config, *, zero3: bool = False, fusible=None) -> Sa
             picked = choose_for_peak(trace, problem, frontier, int(config.budget[1]), window=window,
                                      setting=config.checkpoint_budget, timings=timings, regions=regions)
             choice, checkpoints = picked.choice, picked.checkpoints
+        elif config.checkpoint_budget == "auto" and window is not None and choice.frontier is not None:
+            # below the fastest plan: walk down to the chosen plan, which may hold a rewrite above it
+            choices = [BudgetChoice(p, None, True, choice.frontier, choice.frontier.networks)
+                       for p in plans_ahead(choice.frontier, choice.plan)] + [choice]
+            *_, last = walk_frontier(trace, problem, choices, window=window, setting="auto", timings=timings,
+                                     regions=regions)
+            checkpoints = last.checkpoints
         else:
             checkpoints = checkpointed_schedule(trace, problem, choice, window=window,
                                                 setting=config.checkpoint_budget, timings=timings, regions=regions)
