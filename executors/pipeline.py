@@ -33,7 +33,7 @@ from thunder_remat.executors.compile_stash import compilation_of, stash, stashed
 from thunder_remat.executors.thunder_speedups import enable_for_compilation
 from thunder_remat.trace_facts import is_joint_trace
 
-__all__ = ["install", "record_provenance", "fuse_as_thunder_alone"]
+__all__ = ["install", "record_provenance", "fuse_as_thunder_alone", "fuse_as_thunder_alone_now"]
 
 
 def record_provenance(line: str) -> None:
@@ -123,3 +123,14 @@ def fuse_as_thunder_alone(jitted, joint, compilation: int | None = None):
     with compile_data_and_stats(cd, cs), langctx(cd.langctx), deferring_builds(), \
             cache_info_restored(dict(info) if info is not None else {}):
         return original(joint, executors, use_del_last_used=False)[-1]
+
+
+def fuse_as_thunder_alone_now(joint):
+    """``joint`` fused as Thunder alone would fuse it in the compilation in progress: the executors
+    stashed for it, Thunder's own fusion-pair pass, a copy of the live cache info (the fusion
+    passes must not change it). Region callables are not built (Thunder 0.2.6, as
+    ``fuse_as_thunder_alone``)."""
+    original = _unwrap(thunder.transform_for_execution, "_thunder_remat_pipeline")
+    info = cache_info_now()
+    with deferring_builds(), cache_info_restored(dict(info) if info is not None else {}):
+        return original(joint, stashed_now("executors") or (), use_del_last_used=False)[-1]

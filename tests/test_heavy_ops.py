@@ -223,3 +223,32 @@ def test_pooling_windows_are_not_kept_as_contractions():
     assert runs["ours"][1].activation_bytes <= runs["alone"][1].activation_bytes
     for got, want in zip(runs["ours"][2], runs["alone"][2]):
         torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-4)
+
+
+@pytest.mark.jit
+def test_where_thunder_alone_recomputes_convolutions_the_fastest_budget_saves_no_more():
+    """With a fusion executor whose regions take convolutions, Thunder's own pass recomputes them in
+    the backward and saves less than the fastest plan: budget 1.0 is then the fastest plan saving no
+    more than Thunder alone (the fraction scale capped at its figure), measured, and lower budgets
+    fall from there; gradients equal Thunder alone's."""
+    from thunder_remat.executors.eager import eager_fusion_ex
+    from thunder_remat.inspect.measure import saved_for_backward
+
+    runs = {}
+    for name, options in (("alone", {}), (1.0, {"remat": True}), (0.5, {"remat": True, "remat_memory_budget": 0.5})):
+        torch.manual_seed(0)
+        model, x = TinyCNN(), torch.randn(2, 3, 8, 8)
+        jm = thunder.jit(model, executors=[eager_fusion_ex], **options)
+        out, saved = saved_for_backward(jm, x)
+        out.pow(2).sum().backward()
+        runs[name] = (jm, saved.activation_bytes, [p.grad for p in model.parameters()])
+    plan = thunder_remat.last_save_plan(runs[1.0][0])
+    assert plan.capped and plan.ceiling == runs["alone"][1] < plan.frontier().fastest.saved_bytes
+    assert plan.choice.plan.saved_bytes == runs[1.0][1] <= runs["alone"][1]
+    assert "capped at Thunder alone's" in plan.provenance()
+    half = thunder_remat.last_save_plan(runs[0.5][0])
+    assert half.choice.target_bytes == (plan.frontier().smallest.saved_bytes + plan.ceiling) // 2
+    assert runs[0.5][1] <= runs[1.0][1]
+    for budget in (1.0, 0.5):
+        for got, want in zip(runs[budget][2], runs["alone"][2]):
+            torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-4)

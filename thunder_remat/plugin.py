@@ -24,6 +24,7 @@ from thunder.core.trace import from_trace
 from thunder.core.transforms import Transform
 from thunder.extend import FusionExecutor
 
+from thunder_remat.budget import BudgetKind
 from thunder_remat.config import COMPILE_OPTIONS, RematConfig, config_from_options
 from thunder_remat.executors import adapter_for
 from thunder_remat.executors.compile_stash import stash, stash_for, stashed, stashed_now
@@ -111,8 +112,13 @@ def plan_joint_trace(trace, executor: RematFusionExecutor):
         return trace
     fusers = [ex for ex in stashed_now("executors") or () if isinstance(ex, FusionExecutor)]
     fusible = (lambda bsym: any(ex.can_fuse(bsym) for ex in fusers)) if fusers else None
+    ceiling = None
+    if fusers and not zero3 and (config.budget is None or BudgetKind(config.budget[0]) is BudgetKind.FRACTION):
+        # a fusion executor's own pair pass may recompute what thunder_remat's policies keep
+        # (Thunder recomputes convolutions inside a torch.compile region): 1.0 saves no more
+        ceiling = lambda: _thunder_alone_bytes_now(trace)  # noqa: E731 (asked only if a kept op is fusible)
     with _collector_paused():
-        result = plan_saved_values(trace, config, zero3=zero3, fusible=fusible)
+        result = plan_saved_values(trace, config, zero3=zero3, fusible=fusible, ceiling=ceiling)
     executor.saved_set_planned = result.status is not PassStatus.FAILED
     record_provenance(result.provenance())
     stash("save_result", result)
@@ -200,6 +206,18 @@ def last_joint_trace(jitted, *, compilation: int | None = None):
     computation last ran (or cache entry ``compilation``), as thunder_remat first saw it (before
     any pass; None if thunder_remat was off or the compilation has no backward)."""
     return stashed(jitted, "joint_trace", compilation)
+
+
+def _thunder_alone_bytes_now(joint) -> int:
+    """Activation storage bytes Thunder alone saves for ``joint`` in the compilation in progress
+    (kept for ``thunder_alone_saved_bytes``)."""
+    from thunder_remat.executors.pipeline import fuse_as_thunder_alone_now
+    from thunder_remat.trace_facts import forward_storages, thunder_split
+
+    fused = fuse_as_thunder_alone_now(joint)
+    saved = forward_storages(fused, with_backward=True).bytes_held(thunder_split(fused).saved)
+    stash("alone", saved)
+    return saved
 
 
 def thunder_alone_saved_bytes(jitted, *, compilation: int | None = None) -> int | None:

@@ -42,12 +42,12 @@ import numpy as np
 
 from thunder_remat.solvers.split_network import SplitNetwork, ValueNetwork
 from thunder_remat.whole_graph.problem import ForwardOp, SaveProblem
-from thunder_remat.budget import BudgetKind
+from thunder_remat.budget import Budget, BudgetKind
 from thunder_remat.solvers.knapsack import solve_knapsack
 from thunder_remat.solvers.maxflow import CutResult, FlowNetwork, cut_from_source_side
 
 __all__ = ["SavePlan", "SaveNetworks", "Frontier", "BudgetChoice", "build_frontier", "gap_plans", "choose_plan",
-           "choose_fastest", "is_fastest_budget"]
+           "choose_fastest", "choose_capped", "is_fastest_budget"]
 
 log = logging.getLogger(__name__)
 
@@ -450,3 +450,15 @@ def choose_plan(frontier: Frontier, budget) -> BudgetChoice:
         return BudgetChoice(frontier.plans[0], target, False, frontier, frontier.networks)
     best = min(fitting, key=lambda p: (p.recompute_cost, p.saved_bytes, p.key))
     return BudgetChoice(best, target, True, frontier, frontier.networks)
+
+
+def choose_capped(frontier: Frontier, budget, ceiling: int) -> BudgetChoice:
+    """``choose_plan`` for a fraction budget (None: 1.0) whose scale runs from the smallest plan to
+    the fastest plan saving at most ``ceiling`` bytes (never below the smallest plan)."""
+    fraction = 1.0 if budget is None else float(budget[1])
+    low, high = frontier.smallest.saved_bytes, frontier.fastest.saved_bytes
+    top = min(high, max(ceiling, low))
+    if top >= high:
+        return choose_plan(frontier, Budget.fraction(fraction))
+    target = int(math.floor(low + fraction * (top - low) + 1e-9))
+    return choose_plan(frontier, Budget.bytes(target))

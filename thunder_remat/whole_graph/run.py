@@ -21,8 +21,8 @@ from thunder_remat.whole_graph.checkpoints import checkpointed_schedule
 from thunder_remat.whole_graph.peak import predict_regions
 from thunder_remat.whole_graph.frontier_walk import plans_ahead, walk_frontier
 from thunder_remat.whole_graph.peak_budget import choose_for_peak
-from thunder_remat.whole_graph.planner import (BudgetChoice, Frontier, build_frontier, choose_fastest, choose_plan,
-                                               is_fastest_budget)
+from thunder_remat.whole_graph.planner import (BudgetChoice, Frontier, build_frontier, choose_capped, choose_fastest,
+                                               choose_plan, is_fastest_budget)
 from thunder_remat.whole_graph.problem import SaveProblem, with_measured_costs
 from thunder_remat.whole_graph.rewrite import build
 from thunder_remat.whole_graph.zero3 import prefetch_regathers
@@ -62,6 +62,9 @@ class SavePassResult(PassResult):
     peak_estimate_without_checkpoints: int | None = None
     #: with "auto": the estimated step peak with each anchor chain tried (a tuple of budget fractions)
     anchor_estimates: dict = field(default_factory=dict)
+    #: activation bytes Thunder alone saves with the compilation's fusion executors (None: not
+    #: asked, no fusion executor or not a fraction budget); fraction 1.0 saves no more
+    ceiling: int | None = None
     _frontier: Frontier | None = field(default=None, repr=False, compare=False)
 
     @property
@@ -73,6 +76,12 @@ class SavePassResult(PassResult):
     def checkpoint_anchor(self) -> float | None:
         """The nearest anchor (the outermost checkpoint level), or None without checkpoints."""
         return self.checkpoint_anchors[0] if self.checkpoint_anchors else None
+
+    @property
+    def capped(self) -> bool:
+        """Thunder alone saves less than the fastest plan: the fraction scale's top is its figure."""
+        return self.ceiling is not None and self.choice is not None and self.choice.frontier is not None \
+            and self.ceiling < self.choice.frontier.fastest.saved_bytes and not self.peak_budget
 
     @property
     def peak_budget(self) -> bool:
@@ -111,6 +120,8 @@ class SavePassResult(PassResult):
         )
         if self.choice.target_bytes is not None:
             text += f" = {self.choice.target_bytes} B"
+        if self.capped:
+            text += f", the fraction scale capped at Thunder alone's {self.ceiling} B"
         text += (
             f"; saves {plan.saved_bytes} B of activations (storage bytes); "
             f"{len(plan.recomputed)} forward ops recomputed in backward, est. {plan.recompute_cost:.3g} "
@@ -139,13 +150,16 @@ def _measure(trace, problem: SaveProblem) -> dict[int, float]:
     return time_ops(candidates)
 
 
-def plan_saved_values(trace, config, *, zero3: bool = False, fusible=None) -> SavePassResult:
+def plan_saved_values(trace, config, *, zero3: bool = False, fusible=None, ceiling=None) -> SavePassResult:
     """Solve and rewrite ``trace`` (a joint trace) according to ``config``; never raises for a bad trace.
 
     ``zero3``: the trace comes from FSDP ZeRO-3 and ``config.fsdp_regather`` is on: gathered
     parameters are re-gathered in the backward instead of saved. ``fusible``: whether one of the
     compilation's fusion executors can fuse a bound symbol (None: none fuses); step peaks are
-    estimated for the regions they are expected to form.
+    estimated for the regions they are expected to form. ``ceiling``: () -> the activation bytes
+    Thunder alone saves for ``trace`` with the same executors, asked only where a region may take
+    an op the policies keep; a fraction budget then runs from the smallest plan (0.0) to the
+    fastest plan that saves no more than that (1.0).
     """
     result = SavePassResult(trace=trace, budget=config.budget, solver=config.solver)
     timings = result.timings
@@ -159,13 +173,19 @@ def plan_saved_values(trace, config, *, zero3: bool = False, fusible=None) -> Sa
         window = config.recompute_window or None
         regions = predict_regions(trace, fusible, config.split_regions) if fusible is not None else None
         peak_budget = config.budget is not None and BudgetKind(config.budget[0]) is BudgetKind.PEAK
+        ceiling = _ask_ceiling(trace, problem, fusible, ceiling)
         with timings.stage("solve"):
             if is_fastest_budget(config.budget):
                 choice = choose_fastest(problem, config.budget)
+                if ceiling is not None and choice.plan.saved_bytes > ceiling:
+                    choice = choose_capped(build_frontier(problem, config.solver), config.budget, ceiling)
             elif peak_budget:
                 frontier = build_frontier(problem, config.solver)
+            elif ceiling is not None and BudgetKind(config.budget[0]) is BudgetKind.FRACTION:
+                choice = choose_capped(build_frontier(problem, config.solver), config.budget, ceiling)
             else:
                 choice = choose_plan(build_frontier(problem, config.solver), config.budget)
+            result.ceiling = ceiling
         if peak_budget:
             picked = choose_for_peak(trace, problem, frontier, int(config.budget[1]), window=window,
                                      setting=config.checkpoint_budget, timings=timings, regions=regions)
@@ -222,6 +242,18 @@ def plan_saved_values(trace, config, *, zero3: bool = False, fusible=None) -> Sa
         )
     log.info("%s", result.provenance())
     return result
+
+
+def _ask_ceiling(trace, problem: SaveProblem, fusible, ceiling) -> int | None:
+    """Thunder alone's saved bytes, asked (a fusion of the whole joint trace) only where a fusion
+    executor may take an op the policies keep: elsewhere its pass has no recompute the fastest
+    plan's cut lacks, so it saves no less."""
+    if ceiling is None or fusible is None:
+        return None
+    kept = (op for op in problem.ops if op.soft_ban and not op.hard_ban)
+    if not any(fusible(trace.bound_symbols[op.index]) for op in kept):
+        return None
+    return ceiling()
 
 
 def _record_checkpoints(result: SavePassResult, checkpoints) -> None:
