@@ -20,7 +20,10 @@ PyTorch (allclose, ``--atol``/``--rtol``). Configurations:
   executor: fusion regions compiled by Inductor).
 
 Also reported: the activation bytes the forward saves for backward (saved_tensors_hooks, storages
-not shared with inputs or parameters) and, for thunder_remat, its own step-peak estimate
+not shared with inputs or parameters), the estimated flops of what the backward recomputes (one
+rule for both: ``thunder_remat.cost.op_flops``; torch.compile's recomputed nodes through
+``torch_partition.py``, thunder_remat's every copy, ``rewritten_cost``) and, for thunder_remat, its
+own step-peak estimate
 (``last_save_plan(jm).peak_estimate``; where the plan made none, the walk of its rewritten joint
 trace, ``whole_graph.peak.estimate_peak_bytes``, marked ``*``). Both model the backward fusion
 regions the executor is expected to form (a region holds what it reads until it returns; none
@@ -33,6 +36,7 @@ depth), any zoo model by name (``thunder_remat.zoo``, e.g. ``"litgpt Llama-3.2-1
 Usage::
 
     python benchmarks/peak_frontier.py out.md --model gpt --size small
+    python benchmarks/peak_frontier.py out.md --model llama --configs inductor,thunder --match-torch
     python benchmarks/peak_frontier.py out.md --model litgpt-llama --layers 8 --width 128 --tokens 128 --batch 4 \\
         --configs eager,thunder-tc --budgets 1,0.5,0.15,0 --plot out.png
 """
@@ -76,6 +80,9 @@ def parse_args(argv=None):
                    help="comma list of step-peak budgets for thunder_remat alone, as sizes (e.g. 1.2MB,900kB): "
                         "each runs as remat_memory_budget='peak:<size>'")
     p.add_argument("--configs", default=",".join(CONFIGS), help=f"comma list of {list(CONFIGS)} (default: all)")
+    p.add_argument("--match-torch", action="store_true",
+                   help="also run thunder_remat (each Thunder executor in --configs) with a peak budget equal to "
+                        "each peak torch.compile (inductor) measured: the recompute it needs for the same peak")
     p.add_argument("--reps", type=int, default=3, help="warm steps timed per configuration (default: 3)")
     p.add_argument("--atol", type=float, default=1e-5)
     p.add_argument("--rtol", type=float, default=1e-4)
@@ -202,6 +209,9 @@ class Row:
     first_ms: float | None = None
     grads: str = "-"
     note: str = ""
+    #: estimated flops of the forward ops run again in the backward, one rule for both
+    #: (thunder_remat.cost.op_flops; torch.compile: benchmarks/torch_partition.py)
+    recompute: float | None = None
 
 
 def compile_config(config: str, budget: float | None):
@@ -264,7 +274,14 @@ def run_config(work: Workload, config: str, budget: float | None, reference, arg
         patch = {"activation_memory_budget": budget}
     with torch._functorch.config.patch(**patch):
         start = time.perf_counter()
-        step()  # compiles
+        if config in ("inductor", "aot_eager"):
+            from torch_partition import capture_partitions
+
+            with capture_partitions() as partitions:
+                step()  # compiles
+            row.recompute = sum(p.recompute_flops() for p in partitions)
+        else:
+            step()  # compiles
         row.first_ms = 1e3 * (time.perf_counter() - start)
         model.zero_grad(set_to_none=True)
         step()
@@ -303,6 +320,8 @@ def run_config(work: Workload, config: str, budget: float | None, reference, arg
             row.estimate = _mb(estimate_peak_bytes(plan.trace, regions)) + "*"
         if plan is not None and plan.failure:
             row.note = f"plan failed: {plan.failure}"
+        if plan is not None and plan.choice is not None:
+            row.recompute = plan.rewritten_cost  # every copy the rewrite made
     return row
 
 
@@ -315,14 +334,15 @@ def table(rows, work, device) -> str:
              "(gradients set to None before the step). Estimate: thunder_remat's own, with the fusion regions "
              "the executor is expected to form (* = walk of the rewritten joint trace).", "",
              "| system | executor | budget | measured peak MB | thunder_remat estimate MB | saved activations MB "
-             "| warm step ms | first call s | grads = eager (max abs diff) |",
-             "|---|---|---|---|---|---|---|---|---|"]
+             "| est. recompute flops | warm step ms | first call s | grads = eager (max abs diff) |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         step = "-" if r.step_ms is None else f"{r.step_ms:.1f}"
         first = "-" if r.first_ms is None else f"{r.first_ms / 1e3:.1f}"
         grads = r.grads + (f"; {r.note}" if r.note else "")
+        recompute = "-" if r.recompute is None else f"{r.recompute:.3g}"
         lines.append(f"| {r.system} | {r.executor} | {r.budget} | {_mb(r.peak)} | {r.estimate} | {_mb(r.saved)} "
-                     f"| {step} | {first} | {grads} |")
+                     f"| {recompute} | {step} | {first} | {grads} |")
     return "\n".join(lines) + "\n"
 
 
@@ -376,7 +396,11 @@ def main(argv=None) -> int:
         else:
             plan.extend([(config, None)] + [(config, b) for b in (*args.budgets, *args.peaks)])
     rows = []
-    for i, (config, budget) in enumerate(plan, 1):
+    thunders = [c for c in args.configs if c in ("thunder", "thunder-tc")]
+    i = 0
+    while i < len(plan):
+        config, budget = plan[i]
+        i += 1
         log.info("[%d/%d] %s%s", i, len(plan), config, "" if budget is None else f" at budget {_label(budget)}")
         try:
             row = run_config(work, config, budget, reference, args, device)
@@ -387,6 +411,8 @@ def main(argv=None) -> int:
         log.info("  peak %s MB, estimate %s, step %s ms, grads %s", _mb(row.peak), row.estimate,
                  "-" if row.step_ms is None else f"{row.step_ms:.1f}", row.grads)
         rows.append(row)
+        if args.match_torch and config == "inductor" and row.peak is not None:
+            plan.extend((c, f"peak:{row.peak}B") for c in thunders)  # run after the planned rows
         with open(args.output, "w") as f:  # written after every row: a long run can be read as it goes
             f.write(table(rows, work, device))
     if args.plot:

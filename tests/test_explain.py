@@ -236,3 +236,26 @@ def test_a_no_grad_call_is_reported_as_an_inference_compilation():
             assert thunder_remat.last_save_plan(jm) is training
         assert not report.inference and report.compilation == 0
         assert (report.activation_bytes_before, report.activation_bytes) == (alone_bytes, ours)
+
+
+def test_given_a_step_explain_reports_the_measured_peak_beside_the_estimate():
+    """explain(jm, step=...) runs the step once under the allocator and reports its peak beside
+    thunder_remat's estimate (default executors: no fusion region, where the estimate is exact to a
+    few bytes)."""
+    torch.manual_seed(0)
+    model = build_model("llama", "tiny")
+    x = example_batch(model)
+    jm = thunder.jit(model, remat=True, remat_memory_budget=0.0)
+    jm(x).float().pow(2).mean().backward()
+
+    def step():
+        jm(x).float().pow(2).mean().backward()
+
+    model.zero_grad(set_to_none=True)
+    report = thunder_remat.explain(jm, step=step)
+    estimate = thunder_remat.last_save_plan(jm).peak_estimate
+    assert report.peak_estimate == estimate and report.peak_measured is not None
+    assert abs(report.peak_measured - estimate) <= 64, (report.peak_measured, estimate)
+    assert f"step peak: estimated {estimate:,} B; measured {report.peak_measured:,} B" in str(report)
+    assert json.loads(json.dumps(report.to_dict()))["peak_measured"] == report.peak_measured
+    assert thunder_remat.explain(jm).peak_measured is None

@@ -5,7 +5,8 @@
     python -m thunder_remat --budget 2MiB --output-dir out/
 
 Prints a before/after table led by the activation bytes held for backward (storages, measured in
-a real forward with saved_tensors_hooks), with Thunder's own pass and with thunder_remat, what the whole-graph and fusion-pair passes did, pass times, and
+a real forward with saved_tensors_hooks) and the step's peak (measured by the allocator), with
+Thunder's own pass and with thunder_remat, what the whole-graph and fusion-pair passes did, pass times, and
 whether gradients equal the run without the pass (exit status 1 if they do not). Writes to the
 output folder (default ``thunder_remat_out``): ``report.txt`` and ``report.json`` (every saved value
 and why), ``tradeoff.png`` (saved bytes vs estimated recompute over a budget sweep, if matplotlib
@@ -70,7 +71,7 @@ def measure(args, executors, **options) -> dict:
     import torch
 
     import thunder_remat
-    from thunder_remat.inspect.measure import saved_for_backward
+    from thunder_remat.inspect.measure import allocator_step_peak, saved_for_backward
     from thunder_remat.models import build_model, example_batch
 
     model = build_model(args.model, args.size, dropout=args.dropout or None).to(args.device)
@@ -80,11 +81,18 @@ def measure(args, executors, **options) -> dict:
     torch.manual_seed(0)
     out, saved = saved_for_backward(jm, x)
     out.float().pow(2).mean().backward()
+    first_step_s = time.perf_counter() - start
+    grads = [p.grad.detach().clone() for p in model.parameters()]
+    del out
+    model.zero_grad(set_to_none=True)
+    # one more step under the allocator: the step's peak, compiled regions included
+    peak = allocator_step_peak(lambda: jm(x).float().pow(2).mean().backward(), args.device).peak_bytes
     return {
         "jitted": jm,
         "saved": saved,
-        "grads": [p.grad.detach().clone() for p in model.parameters()],
-        "first_step_s": time.perf_counter() - start,
+        "grads": grads,
+        "first_step_s": first_step_s,
+        "peak": peak,
         "pairs": thunder_remat.last_pair_pass(jm),
         "plan": thunder_remat.last_save_plan(jm),
     }
@@ -159,7 +167,11 @@ def main(argv=None) -> int:
         ("activation bytes held for backward", f"{held0:,}", f"{held1:,} ({ratio})"),
         ("  with parameters and inputs", f"{before['saved'].nbytes:,}", f"{after['saved'].nbytes:,}"),
         ("tensors saved for backward", before["saved"].count, after["saved"].count),
+        ("step peak, measured by the allocator", f"{before['peak']:,}",
+         f"{after['peak']:,} ({after['peak'] / before['peak']:.2f}x)" if before["peak"] else f"{after['peak']:,}"),
     ]
+    if plan is not None and plan.peak_estimate is not None:
+        rows.append(("step peak, thunder_remat's estimate", "-", f"{plan.peak_estimate:,}"))
     if plan is not None and plan.choice is not None:
         rows += [
             ("whole-graph: planned activation bytes", "-", f"{plan.choice.plan.saved_bytes:,}"),
@@ -183,7 +195,9 @@ def main(argv=None) -> int:
     for label, b, a in rows:
         print(f"{label:{width}}  {str(b):>14}  {str(a):>22}")
     print("activation bytes: the storages a real forward keeps for the backward (saved_tensors_hooks), each once; "
-          "parameters and inputs are held anyway and left out, 'with parameters and inputs' counts them too")
+          "parameters and inputs are held anyway and left out, 'with parameters and inputs' counts them too; "
+          "step peak: the most bytes allocated at once during a second step, above what was allocated when it "
+          "began (gradients set to None first)")
     print(f"  [3/3] writing the report, sweep, plot, drawing and traces to {args.output_dir}/ ...", file=sys.stderr)
     written = write_outputs(args.output_dir, after["jitted"], thunder_remat.explain(after["jitted"]))
     print(f"wrote {len(written)} files to {args.output_dir}/: " + ", ".join(p.rsplit("/", 1)[-1] for p in written))

@@ -73,6 +73,10 @@ class RematReport:
     inference: bool = False
     #: indexes of the compilations with a backward (pass one as ``explain(jm, compilation=i)``)
     training_compilations: list[int] = field(default_factory=list)
+    #: the step's peak as thunder_remat estimated it (None: not estimated, e.g. at budget 1.0)
+    peak_estimate: int | None = None
+    #: the step's peak the allocator measured, when ``explain`` was given a step to run (bytes)
+    peak_measured: int | None = None
 
     @property
     def activation_bytes(self) -> int:
@@ -107,6 +111,8 @@ class RematReport:
             "compilations": self.compilations,
             "inference": self.inference,
             "training_compilations": list(self.training_compilations),
+            "peak_estimate": self.peak_estimate,
+            "peak_measured": self.peak_measured,
         }
 
     def __str__(self) -> str:
@@ -130,6 +136,13 @@ class RematReport:
             if self.rewritten_cost > self.recompute_cost:
                 line += f" ({self.rewritten_cost:.3g} with the ops the backward runs more than once)"
             lines.append(line)
+        if self.peak_estimate is not None or self.peak_measured is not None:
+            parts = []
+            if self.peak_estimate is not None:
+                parts.append(f"estimated {self.peak_estimate:,} B")
+            if self.peak_measured is not None:
+                parts.append(f"measured {self.peak_measured:,} B (the step given to explain, by the allocator)")
+            lines.append("  step peak: " + "; ".join(parts))
         if self.times_ms:
             lines.append("  pass times: " + ", ".join(f"{k} {v:.1f} ms" for k, v in self.times_ms.items()))
         lines.append("  saved for backward:")
@@ -183,9 +196,18 @@ def _times(pass_name: str, result) -> dict[str, float]:
     return {f"{pass_name} {stage}": times[stage] for stage in result.STAGES}
 
 
-def explain(jitted, compilation: int | None = None) -> RematReport:
+def explain(jitted, compilation: int | None = None, *, step=None, device="cpu") -> RematReport:
     """The report for the compilation of ``jitted`` whose computation last ran (call it once
-    first), or for the ``compilation``-th entry of ``thunder.compile_stats(jitted).interpreter_cache``."""
+    first), or for the ``compilation``-th entry of ``thunder.compile_stats(jitted).interpreter_cache``.
+
+    ``step``: a function running one training step with ``jitted`` (set gradients to None first):
+    it is run once under ``inspect.measure.allocator_step_peak`` on ``device`` and the report gives
+    the measured step peak beside thunder_remat's estimate."""
+    measured = None
+    if step is not None:
+        from thunder_remat.inspect.measure import allocator_step_peak
+
+        measured = allocator_step_peak(step, device).peak_bytes
     from thunder.core.proxies import TensorProxy
     from thunder.core.pytree import tree_flatten
 
@@ -209,6 +231,7 @@ def explain(jitted, compilation: int | None = None) -> RematReport:
         compilations=count,
         training_compilations=training_compilations(jitted),
         inference=is_inference(jitted, compilation),
+        peak_measured=measured,
     )
     problem = plan = None
     producer = {}
@@ -223,6 +246,7 @@ def explain(jitted, compilation: int | None = None) -> RematReport:
         report.budget_feasible = save.choice.feasible
         report.recompute_cost, report.recompute_unit = plan.recompute_cost, problem.cost_unit
         report.rewritten_cost = save.rewritten_cost
+        report.peak_estimate = save.peak_estimate
         report.times_ms.update(_times("whole-graph", save))
         ops = {op.index: op for op in problem.ops}
         level_of = {i: k for k, level in enumerate(save.checkpoint_levels, start=1) for i in level}
