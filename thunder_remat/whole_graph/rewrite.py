@@ -92,9 +92,10 @@ def schedule_copies(trace, recomputed_indices, *, window: int | None = None, che
     first needed, as if the outer level had been saved by the forward.
 
     So no op is copied more than ``max(max_cheap_copies, len(checkpoints) + 1)`` times.
-    ``early``: the outermost level is made, in forward order, before the first backward reader of a
-    recomputed value, where the backward holds least (what it takes to make them is freed before
-    the backward's own work starts), instead of at first use.
+    ``early``: the outermost level is made, in forward order, when the backward starts (placed
+    before its first reader; the reuse window counts from the first reader of a recomputed value),
+    where the backward holds least (what it takes to make them is freed before the backward's own
+    work starts), instead of at first use.
     ``names``: the trace's ``trace_names``, when the caller schedules the same trace more than once.
     """
     schedule = CopySchedule(trace, names=names)
