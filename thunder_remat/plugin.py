@@ -116,7 +116,7 @@ def plan_joint_trace(trace, executor: RematFusionExecutor):
     if fusers and not zero3 and (config.budget is None or BudgetKind(config.budget[0]) is BudgetKind.FRACTION):
         # a fusion executor's own pair pass may recompute what thunder_remat's policies keep
         # (Thunder recomputes convolutions inside a torch.compile region): 1.0 saves no more
-        ceiling = lambda: _thunder_alone_bytes_now(trace)  # noqa: E731 (asked only if a kept op is fusible)
+        ceiling = lambda: _thunder_alone_bytes_now(trace)  # noqa: E731 (asked only if a kept contraction is fusible)
     with _collector_paused():
         result = plan_saved_values(trace, config, zero3=zero3, fusible=fusible, ceiling=ceiling)
     executor.saved_set_planned = result.status is not PassStatus.FAILED

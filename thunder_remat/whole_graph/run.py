@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import ClassVar
 
 from thunder_remat.budget import BudgetKind
+from thunder_remat.policies import contraction_kind
 from thunder_remat.records import PassResult, PassStatus
 from thunder_remat.verify import verify
 from thunder_remat.whole_graph.analysis import build_save_problem
@@ -245,12 +246,14 @@ def plan_saved_values(trace, config, *, zero3: bool = False, fusible=None, ceili
 
 
 def _ask_ceiling(trace, problem: SaveProblem, fusible, ceiling) -> int | None:
-    """Thunder alone's saved bytes, asked (a fusion of the whole joint trace) only where a fusion
-    executor may take an op the policies keep: elsewhere its pass has no recompute the fastest
-    plan's cut lacks, so it saves no less."""
+    """Thunder alone's saved bytes, asked (Thunder's own fusion of the whole joint trace, its pair
+    pass included) only where a fusion executor may take a contraction the policies keep (a
+    convolution in a light-executor or torch.compile region): elsewhere Thunder's pass has no
+    recompute the fastest plan's cut lacks that matters (on every zoo LLM the fastest plan saved no
+    more), and its cost is not paid (nvFuser and torch.compile take no matmul by default)."""
     if ceiling is None or fusible is None:
         return None
-    kept = (op for op in problem.ops if op.soft_ban and not op.hard_ban)
+    kept = (op for op in problem.ops if op.soft_ban and not op.hard_ban and contraction_kind(op.op))
     if not any(fusible(trace.bound_symbols[op.index]) for op in kept):
         return None
     return ceiling()
