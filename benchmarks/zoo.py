@@ -189,6 +189,8 @@ def main(argv=None) -> int:
     skipped = [e.name for e in ZOO if not available(e)]
     if skipped:
         log.warning("skipped (package missing): %s", ", ".join(skipped))
+    from doc_tables import emit_table
+
     rows = []
     for entry in entries:
         torch_bytes = []
@@ -197,10 +199,8 @@ def main(argv=None) -> int:
             torch_bytes = [torch_compile_bytes(entry, args.size, b, ref) for b in BUDGETS]
         for executor in args.executors:
             rows.append(bench(entry, args.size, executor, torch_bytes))
-    text = table(rows, args.size)
-    from doc_tables import emit_table
-
-    emit_table(text, args.write, START, END)
+        # written after every model: a long run (an hour and more on 2 cores) can be read as it goes
+        emit_table(table(rows, args.size), args.write, START, END)
     return 0
 
 
