@@ -63,6 +63,12 @@ def _fusion_counter(name: str) -> int:
 class FusionAdapter:
     """Works for any Thunder FusionExecutor; subclasses add what is specific to one executor."""
 
+    #: the executor's compiler computes two ops of one region that compute the same value once
+    #: (and may fuse the readers of one buffer into one kernel), so a value recomputed again for
+    #: a far reader is held from the first computation unless a cut separates the two
+    #: (``fusion_regions.to_keep_apart``; measured for Inductor, docs/whole-graph.md)
+    merges_same_computations: bool = False
+
     def __init__(self, executor) -> None:
         self.executor = executor
 

@@ -27,7 +27,7 @@ __all__ = ["TorchCompileAdapter", "DeferredRegion", "install"]
 
 
 class TorchCompileAdapter(FusionAdapter):
-    pass
+    merges_same_computations = True
 
 
 class DeferredRegion:

@@ -18,7 +18,7 @@ pytestmark = pytest.mark.unit
 ROOT = Path(__file__).resolve().parent.parent
 LAYERS = (
     ("solvers", "policies", "budget", "records", "config"),
-    ("cost", "storage", "trace_facts", "verify"),
+    ("cost", "storage", "trace_facts", "fusion_regions", "verify"),
     ("executors",),
     ("whole_graph", "pairs"),
     ("plugin",),

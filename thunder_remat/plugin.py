@@ -112,13 +112,19 @@ def plan_joint_trace(trace, executor: RematFusionExecutor):
         return trace
     fusers = [ex for ex in stashed_now("executors") or () if isinstance(ex, FusionExecutor)]
     fusible = (lambda bsym: any(ex.can_fuse(bsym) for ex in fusers)) if fusers else None
+
+    def keeps_apart(bsym) -> bool:  # the executor that takes bsym first cuts between equal computations
+        ex = next((ex for ex in fusers if ex.can_fuse(bsym)), None)
+        return ex is not None and adapter_for(ex).merges_same_computations
+
     ceiling = None
     if fusers and not zero3 and (config.budget is None or BudgetKind(config.budget[0]) is BudgetKind.FRACTION):
         # a fusion executor's own pair pass may recompute what thunder_remat's policies keep
         # (Thunder recomputes convolutions inside a torch.compile region): 1.0 saves no more
         ceiling = lambda: _thunder_alone_bytes_now(trace)  # noqa: E731 (asked only if a kept contraction is fusible)
     with _collector_paused():
-        result = plan_saved_values(trace, config, zero3=zero3, fusible=fusible, ceiling=ceiling)
+        result = plan_saved_values(trace, config, zero3=zero3, fusible=fusible, keeps_apart=keeps_apart,
+                                   ceiling=ceiling)
     executor.saved_set_planned = result.status is not PassStatus.FAILED
     record_provenance(result.provenance())
     stash("save_result", result)

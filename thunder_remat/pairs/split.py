@@ -4,21 +4,20 @@ A fusion region is one call whose inputs are its arguments: with Thunder's torch
 on CPU the whole backward is one region, and every value the forward saved lives until it returns,
 however early its last reader runs (docs/whole-graph.md, "The step's peak"). Cut into pieces run
 one after another, Thunder's ``del_last_used`` frees a saved value after the piece that last
-reads it. Where to cut is ``solvers.region_cuts`` (plain data); each piece is emitted through
-the region's own executor, in the original order, reading and returning what the pieces around it
-need, so the trace computes the same values.
+reads it, and two ops that compute the same value (a value recomputed again for a far reader) run
+in different pieces, so that the compiler does not compute it once and hold it in between. Where to
+cut is ``fusion_regions.region_cut_positions`` (the rule is ``solvers.region_cuts``, plain data);
+each piece is emitted through the region's own executor, in the original order, reading and
+returning what the pieces around it need, so the trace computes the same values.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
-from thunder.core.proxies import TensorProxy
 from thunder.core.pytree import tree_flatten
 
-from thunder_remat.cost import value_bytes
-from thunder_remat.solvers.region_cuts import region_cuts
-from thunder_remat.storage import storage_map
+from thunder_remat.fusion_regions import region_cut_positions
 from thunder_remat.trace_facts import is_backward_region
 
 __all__ = ["split_backward_regions"]
@@ -37,11 +36,11 @@ def split_backward_regions(trace, adapter_for: Callable, fusion_counter: Callabl
             counters[ex] = max(counters.get(ex, -1), fusion_counter(bsym.sym.name))
     out, done = [], []
     for bsym in bsyms:
-        pieces = _pieces(bsym, held) if bsym.sym.is_fusion and is_backward_region(bsym) else None
+        adapter = adapter_for(bsym.sym.executor) if bsym.sym.is_fusion else None
+        pieces = _pieces(bsym, held, adapter.merges_same_computations) if adapter and is_backward_region(bsym) else None
         if not pieces:
             out.append(bsym)
             continue
-        adapter = adapter_for(bsym.sym.executor)
         for inputs, outputs, body in pieces:
             counters[bsym.sym.executor] += 1
             out.append(adapter.fuse_piece(inputs, outputs, body, counters[bsym.sym.executor]))
@@ -49,7 +48,7 @@ def split_backward_regions(trace, adapter_for: Callable, fusion_counter: Callabl
     return out, done
 
 
-def _pieces(region, held: set[str]):
+def _pieces(region, held: set[str], keep_apart: bool):
     """(inputs, outputs, bound symbols) of each piece of ``region``, or None when it is not cut."""
     subs = list(region.subsymbols)
     proxies = {}
@@ -58,12 +57,8 @@ def _pieces(region, held: set[str]):
             proxies.setdefault(p.name, p)
     reads = [tuple(p.name for p in sub.flat_proxy_args) for sub in subs]
     makes = [tuple(p.name for p in sub.flat_proxy_outs) for sub in subs]
-    sizes = {name: value_bytes(p) for name, p in proxies.items() if isinstance(p, TensorProxy)}
-    inputs = {p.name for p in region.flat_proxy_args}
     returned = [p.name for p in region.flat_proxy_outs]
-    storages = storage_map(subs, region.flat_proxy_args)
-    views = {name for name in sizes if storages.owner_of(name) != name}
-    cuts = region_cuts(reads, makes, sizes, inputs - held, set(returned), views)
+    cuts = region_cut_positions(subs, region.flat_proxy_args, set(returned), held, keep_apart)
     if not cuts:
         return None
     bounds = [0, *(k + 1 for k in cuts), len(subs)]

@@ -15,11 +15,10 @@ from __future__ import annotations
 
 from thunder.core.pytree import tree_flatten
 
-from thunder_remat.cost import value_bytes
-from thunder_remat.solvers.region_cuts import region_cuts
+from thunder_remat.fusion_regions import region_cut_positions
 from thunder_remat.trace_facts import forward_storages, is_backward
 from thunder_remat.whole_graph.rewrite import CopySchedule
-from thunder_remat.storage import StorageMap, storage_map
+from thunder_remat.storage import StorageMap
 
 __all__ = ["estimate_peak_bytes", "estimate_schedule_peak", "predict_regions"]
 
@@ -29,12 +28,14 @@ def estimate_peak_bytes(trace, regions: tuple[int, ...] | None = None) -> int:
     return estimate_schedule_peak(CopySchedule(trace), regions=regions)
 
 
-def predict_regions(trace, fusible, split: bool = True) -> tuple[int, ...]:
+def predict_regions(trace, fusible, split: bool = True, keeps_apart=None) -> tuple[int, ...]:
     """Per position of a joint trace, the backward fusion region its bound symbol is expected to
     run in (-1: none): each run of consecutive backward bound symbols that ``fusible`` (a fusion
     executor's ``can_fuse``) accepts, cut where ``pairs.split`` will cut it (``split``; the rule is
     ``solvers.region_cuts``). Thunder fuses the joint trace after thunder_remat's rewrite; a copy
-    the rewrite places before a backward reader runs in that reader's region."""
+    the rewrite places before a backward reader runs in that reader's region. ``keeps_apart(bsym)``:
+    the executor that fuses ``bsym`` cuts between ops computing the same value
+    (``FusionAdapter.merges_same_computations``; None: none does)."""
     bsyms = trace.bound_symbols
     runs: list[list[int]] = []
     previous = False
@@ -54,7 +55,8 @@ def predict_regions(trace, fusible, split: bool = True) -> tuple[int, ...]:
             for p in bsym.flat_proxy_args:
                 last_read[p.name] = position
     for run in runs:
-        cuts = set(_cuts(bsyms, run, held, last_read)) if split else set()
+        keep_apart = keeps_apart is not None and bool(keeps_apart(bsyms[run[0]]))
+        cuts = set(_cuts(bsyms, run, held, last_read, keep_apart)) if split else set()
         region += 1
         for k, position in enumerate(run):
             regions[position] = region
@@ -63,17 +65,13 @@ def predict_regions(trace, fusible, split: bool = True) -> tuple[int, ...]:
     return tuple(regions)
 
 
-def _cuts(bsyms, run: list[int], held: set[str], last_read: dict[str, int]) -> list[int]:
+def _cuts(bsyms, run: list[int], held: set[str], last_read: dict[str, int], keep_apart: bool) -> list[int]:
     """Where ``pairs.split`` would cut a region made of the bound symbols at ``run``."""
-    reads = [tuple(p.name for p in bsyms[i].flat_proxy_args) for i in run]
-    makes = [tuple(p.name for p in bsyms[i].flat_proxy_outs) for i in run]
-    made = {n for names in makes for n in names}
-    sizes = {p.name: value_bytes(p) for i in run for p in (*bsyms[i].flat_proxy_args, *bsyms[i].flat_proxy_outs)}
-    inputs = {n for names in reads for n in names if n not in made}
+    body = [bsyms[i] for i in run]
+    made = {p.name for bsym in body for p in bsym.flat_proxy_outs}
+    inputs = {p.name: p for bsym in body for p in bsym.flat_proxy_args if p.name not in made}
     after = {n for n in made if last_read.get(n, -1) > run[-1]}  # read after the region: its outputs
-    storages = storage_map([bsyms[i] for i in run], [])
-    views = {name for name in made if storages.owner_of(name) != name}
-    return region_cuts(reads, makes, sizes, inputs - held, made & after, views)
+    return region_cut_positions(body, list(inputs.values()), after, held, keep_apart)
 
 
 def estimate_schedule_peak(schedule: CopySchedule, storages: StorageMap | None = None,

@@ -1,0 +1,91 @@
+"""Where a backward fusion region is cut, read from its bound symbols (the rule is ``solvers.region_cuts``).
+
+Shared by the split that cuts the fused trace (``pairs.split``) and by the step-peak estimate that
+predicts those cuts before Thunder fuses (``whole_graph.peak``), so both cut in the same places.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from thunder.core.proxies import Proxy, TensorProxy
+from thunder.core.pytree import tree_flatten
+
+from thunder_remat.cost import value_bytes
+from thunder_remat.solvers.region_cuts import region_cuts
+from thunder_remat.storage import storage_map
+from thunder_remat.trace_facts import in_place_destination
+
+__all__ = ["same_computations", "to_keep_apart", "region_cut_positions"]
+
+
+def same_computations(bsyms: Sequence) -> list[tuple[int, int]]:
+    """Pairs ``(i, j)``, ``i < j``, of positions whose bound symbols compute the same values, ``i``
+    the latest before ``j``: the same op on the same inputs, an input being the same when it is
+    the same value or made by ops that are the same (a chain recomputed twice). In-place writes
+    are never the same computation."""
+    canonical: dict[str, str] = {}  # a value's name -> the name of the first value computed the same way
+    latest: dict[tuple, int] = {}
+    pairs = []
+    for j, bsym in enumerate(bsyms):
+        if in_place_destination(bsym) is not None:
+            continue
+        outs = [p for p in bsym.flat_proxy_outs]
+        if not any(isinstance(p, TensorProxy) for p in outs):
+            continue
+        leaves, spec = tree_flatten((bsym.args, bsym.kwargs))
+        key = (bsym.sym.name, str(bsym.sym.id), str(spec),
+               tuple(("value", canonical.get(x.name, x.name)) if isinstance(x, Proxy) else ("constant", repr(x))
+                     for x in leaves))
+        i = latest.get(key)
+        latest[key] = j
+        if i is None:
+            continue
+        pairs.append((i, j))
+        for mine, theirs in zip(outs, bsyms[i].flat_proxy_outs):
+            canonical[mine.name] = canonical.get(theirs.name, theirs.name)
+    return pairs
+
+
+def region_cut_positions(bsyms: Sequence, inputs: Sequence, outputs: set[str], held: set[str],
+                         keep_apart: bool) -> list[int]:
+    """Positions after which ``solvers.region_cuts`` cuts a region running ``bsyms``.
+
+    ``inputs``: the region's input proxies; ``outputs``: names of what it returns (or what is read
+    after it); ``held``: names held anyway (the function's arguments), which a cut cannot free.
+    ``keep_apart``: the executor's compiler computes ops computing the same values once and holds
+    the result between them (``FusionAdapter.merges_same_computations``): cut between them
+    (``to_keep_apart``).
+    """
+    proxies = {}
+    for bsym in bsyms:
+        for p in (*bsym.flat_proxy_args, *bsym.flat_proxy_outs):
+            proxies.setdefault(p.name, p)
+    reads = [tuple(p.name for p in bsym.flat_proxy_args) for bsym in bsyms]
+    makes = [tuple(p.name for p in bsym.flat_proxy_outs) for bsym in bsyms]
+    sizes = {name: value_bytes(p) for name, p in proxies.items() if isinstance(p, TensorProxy)}
+    storages = storage_map(list(bsyms), list(inputs))
+    views = {name for name in sizes if storages.owner_of(name) != name}
+    freeable = {p.name for p in inputs} - held
+    apart = to_keep_apart(bsyms, outputs) if keep_apart else ()
+    return region_cuts(reads, makes, sizes, freeable, outputs, views, apart)
+
+
+def to_keep_apart(bsyms: Sequence, outputs: set[str]) -> list[tuple[int, int]]:
+    """``(i, j)``: a cut must fall after position ``i`` and before ``j`` of a region running
+    ``bsyms`` and returning ``outputs`` (names): ``j`` computes what an earlier op computed, and
+    nothing reads that earlier result from ``i`` on (computing it once would hold it until ``j``).
+    Views count too: a compiler that sees one view where the trace has two sees their readers read
+    the same buffer, and may fuse them into one kernel that runs at the earlier reader."""
+    last_read: dict[str, int] = {}
+    for k, bsym in enumerate(bsyms):
+        for p in bsym.flat_proxy_args:
+            last_read[p.name] = k
+    apart = []
+    for i, j in same_computations(bsyms):
+        made = [p.name for p in bsyms[i].flat_proxy_outs
+                if isinstance(p, TensorProxy) and value_bytes(p)]
+        if not made or any(name in outputs or last_read.get(name, -1) >= j for name in made):
+            continue  # the first result lives past the second anyway: computing it once costs nothing
+        apart.append((max([i, *(last_read.get(name, i) for name in made)]), j))
+    return apart
