@@ -54,8 +54,9 @@ def region_cut_positions(bsyms: Sequence, inputs: Sequence, outputs: set[str], h
     ``inputs``: the region's input proxies; ``outputs``: names of what it returns (or what is read
     after it); ``held``: names held anyway (the function's arguments), which a cut cannot free.
     ``keep_apart``: the executor's compiler computes ops computing the same values once and holds
-    the result between them (``FusionAdapter.merges_same_computations``): cut between them
-    (``to_keep_apart``).
+    the result between them (``FusionAdapter.merges_same_computations``): what it would hold
+    counts toward cutting between them (``to_keep_apart``). Never cut between the op that makes
+    a storage and an in-place write into it (``written_after_made``).
     """
     proxies = {}
     for bsym in bsyms:
@@ -68,13 +69,34 @@ def region_cut_positions(bsyms: Sequence, inputs: Sequence, outputs: set[str], h
     views = {name for name in sizes if storages.owner_of(name) != name}
     freeable = {p.name for p in inputs} - held
     apart = to_keep_apart(bsyms, outputs) if keep_apart else ()
-    return region_cuts(reads, makes, sizes, freeable, outputs, views, apart)
+    return region_cuts(reads, makes, sizes, freeable, outputs, views, apart, written_after_made(bsyms, storages))
 
 
-def to_keep_apart(bsyms: Sequence, outputs: set[str]) -> list[tuple[int, int]]:
-    """``(i, j)``: a cut must fall after position ``i`` and before ``j`` of a region running
-    ``bsyms`` and returning ``outputs`` (names): ``j`` computes what an earlier op computed, and
-    nothing reads that earlier result from ``i`` on (computing it once would hold it until ``j``).
+def written_after_made(bsyms: Sequence, storages) -> set[int]:
+    """Positions after which a region running ``bsyms`` must not be cut: between the op that makes
+    a storage and an in-place write into it. A piece writing into memory an earlier piece made and
+    returned gave wrong gradients with torch.compile (T5's in-place position bias): Inductor may
+    return one buffer for two equal outputs, and two writes then land in one."""
+    made_at: dict[str, int] = {}
+    for k, bsym in enumerate(bsyms):
+        for p in bsym.flat_proxy_outs:
+            made_at.setdefault(storages.owner_of(p.name), k)
+    fixed: set[int] = set()
+    for k, bsym in enumerate(bsyms):
+        destination = in_place_destination(bsym)
+        if destination is None or not hasattr(destination, "name"):
+            continue
+        start = made_at.get(storages.owner_of(destination.name))
+        if start is not None and start < k:
+            fixed.update(range(start, k))
+    return fixed
+
+
+def to_keep_apart(bsyms: Sequence, outputs: set[str]) -> list[tuple[int, int, int]]:
+    """``(i, j, bytes)``: a cut after position ``i`` and before ``j`` of a region running ``bsyms``
+    and returning ``outputs`` (names) frees ``bytes``: ``j`` computes what an earlier op computed,
+    and nothing reads that earlier result (``bytes``) from ``i`` on (computing it once would hold
+    it until ``j``).
     Views count too: a compiler that sees one view where the trace has two sees their readers read
     the same buffer, and may fuse them into one kernel that runs at the earlier reader."""
     last_read: dict[str, int] = {}
@@ -83,9 +105,8 @@ def to_keep_apart(bsyms: Sequence, outputs: set[str]) -> list[tuple[int, int]]:
             last_read[p.name] = k
     apart = []
     for i, j in same_computations(bsyms):
-        made = [p.name for p in bsyms[i].flat_proxy_outs
-                if isinstance(p, TensorProxy) and value_bytes(p)]
+        made = {p.name: value_bytes(p) for p in bsyms[i].flat_proxy_outs if isinstance(p, TensorProxy) and value_bytes(p)}
         if not made or any(name in outputs or last_read.get(name, -1) >= j for name in made):
             continue  # the first result lives past the second anyway: computing it once costs nothing
-        apart.append((max([i, *(last_read.get(name, i) for name in made)]), j))
+        apart.append((max([i, *(last_read.get(name, i) for name in made)]), j, sum(made.values())))
     return apart

@@ -4,8 +4,10 @@ A fusion region is one call whose inputs are its arguments: with Thunder's torch
 on CPU the whole backward is one region, and every value the forward saved lives until it returns,
 however early its last reader runs (docs/whole-graph.md, "The step's peak"). Cut into pieces run
 one after another, Thunder's ``del_last_used`` frees a saved value after the piece that last
-reads it, and two ops that compute the same value (a value recomputed again for a far reader) run
-in different pieces, so that the compiler does not compute it once and hold it in between. Where to
+reads it; where the executor's compiler merges equal computations, two ops computing the same value
+(a value recomputed again for a far reader) may be cut apart when what the compiler would hold in
+between outweighs what crosses the cut. No cut falls between an op that makes a storage and an
+in-place write into it. Where to
 cut is ``fusion_regions.region_cut_positions`` (the rule is ``solvers.region_cuts``, plain data);
 each piece is emitted through the region's own executor, in the original order, reading and
 returning what the pieces around it need, so the trace computes the same values.

@@ -12,11 +12,15 @@ cut after an op when the bytes of inputs whose last read has passed since the pr
 more than the rest of the region makes (freed memory lowers the peak only under what comes after),
 exceed the bytes that would cross the cut.
 
-Some ops must also run in different pieces: two ops that compute the same value from the same
+Some ops are better run in different pieces: two ops that compute the same value from the same
 inputs (a value recomputed again for a far reader) are one computation to a compiler that sees
-both, which computes it once, early, and keeps it until the far reader (Inductor fuses ops that
-read the same buffers). ``apart`` names such pairs; a cut is placed right before the later op
-unless one already falls between the earlier op's last reader and it.
+both, which may compute it once, early, and keep it until the far reader (Inductor fuses ops that
+read the same buffers). ``apart`` names such pairs with the bytes the earlier result would be
+held for: at the latest position a cut between them can take, those bytes count as freed, like a
+dead input's, so the cut is made only when they (with what else it frees) exceed what crosses.
+
+No cut is placed where ``fixed`` says: after an op that makes a storage and before an in-place
+write into it, so that a piece never writes into memory an earlier piece made.
 """
 
 from __future__ import annotations
@@ -29,14 +33,16 @@ __all__ = ["region_cuts"]
 def region_cuts(reads: Sequence[Sequence[str]], makes: Sequence[Sequence[str]], sizes: Mapping[str, int],
                 freeable: frozenset[str] | set[str], outputs: frozenset[str] | set[str],
                 views: frozenset[str] | set[str] = frozenset(),
-                apart: Sequence[tuple[int, int]] = ()) -> list[int]:
+                apart: Sequence[tuple[int, int, int]] = (), fixed: frozenset[int] | set[int] = frozenset()) -> list[int]:
     """Positions ``k`` (0-based, in op order) after which to cut a region of ``len(reads)`` ops.
 
     ``reads``/``makes``: the names each op reads and makes; ``sizes``: bytes per name (0 if
     absent); ``freeable``: the region's inputs whose memory is freed once nothing reads them (not
     parameters or other values held anyway); ``outputs``: what the region returns (alive after it);
-    ``views``: values that share another's storage (they allocate nothing); ``apart``: pairs
-    ``(i, j)``, ``i < j``: some cut must fall after op ``i`` and before op ``j``.
+    ``views``: values that share another's storage (they allocate nothing); ``apart``: triples
+    ``(i, j, bytes)``, ``i < j``: a cut after op ``i`` and before op ``j`` frees ``bytes`` (weighed
+    at the latest position between that ``fixed`` allows; none: the pair is dropped); ``fixed``:
+    positions after which no cut may fall.
     """
     n = len(reads)
     if n < 2:
@@ -61,15 +67,19 @@ def region_cuts(reads: Sequence[Sequence[str]], makes: Sequence[Sequence[str]], 
     rest = [0] * (n + 1)  # bytes the ops after k make: what freed memory would otherwise sit under
     for k in range(n - 1, -1, -1):
         rest[k] = rest[k + 1] + sum(sizes.get(name, 0) for name in makes[k] if name not in views)
-    needs = [-1] * n  # needs[k]: a cut must fall at or after this position, at k at the latest
-    for i, j in apart:
-        if 0 <= i < j <= n - 1:
-            needs[j - 1] = max(needs[j - 1], i)
+    due: dict[int, list[tuple[int, int]]] = {}  # k -> (i, bytes) of pairs whose last chance is a cut at k
+    for i, j, nbytes in apart:
+        at = next((k for k in range(min(j, n - 1) - 1, max(i, 0) - 1, -1) if k not in fixed), None)
+        if at is not None:
+            due.setdefault(at, []).append((i, nbytes))
     cuts, live, since = [], 0, 0
     for k in range(n - 1):
         live += crossing[k]
         since += freed[k]
-        if min(since, rest[k + 1]) > live or (needs[k] >= 0 and (not cuts or cuts[-1] < needs[k])):
+        if k in fixed:
+            continue
+        apart_gain = sum(nbytes for i, nbytes in due.get(k, ()) if not cuts or cuts[-1] < i)
+        if min(since + apart_gain, rest[k + 1]) > live:
             cuts.append(k)
             since = 0
     return cuts
