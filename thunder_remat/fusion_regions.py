@@ -7,6 +7,7 @@ predicts those cuts before Thunder fuses (``whole_graph.peak``), so both cut in 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 from thunder.core.proxies import Proxy, TensorProxy
 from thunder.core.pytree import tree_flatten
@@ -16,7 +17,26 @@ from thunder_remat.solvers.region_cuts import region_cuts
 from thunder_remat.storage import storage_map
 from thunder_remat.trace_facts import in_place_destination
 
-__all__ = ["same_computations", "to_keep_apart", "region_cut_positions"]
+__all__ = ["RegionNames", "region_names", "same_computations", "to_keep_apart", "region_cut_positions"]
+
+
+@dataclass(frozen=True)
+class RegionNames:
+    """What the ops of a region read and make, by name, and the proxy of every name."""
+
+    proxies: dict
+    reads: list[tuple[str, ...]]
+    makes: list[tuple[str, ...]]
+
+
+def region_names(bsyms: Sequence) -> RegionNames:
+    """One walk over a region's ops for the cut rule and the split that emits its pieces."""
+    proxies = {}
+    for bsym in bsyms:
+        for p in (*bsym.flat_proxy_args, *bsym.flat_proxy_outs):
+            proxies.setdefault(p.name, p)
+    return RegionNames(proxies, [tuple(p.name for p in bsym.flat_proxy_args) for bsym in bsyms],
+                       [tuple(p.name for p in bsym.flat_proxy_outs) for bsym in bsyms])
 
 
 def same_computations(bsyms: Sequence) -> list[tuple[int, int]]:
@@ -30,7 +50,7 @@ def same_computations(bsyms: Sequence) -> list[tuple[int, int]]:
     for j, bsym in enumerate(bsyms):
         if in_place_destination(bsym) is not None:
             continue
-        outs = [p for p in bsym.flat_proxy_outs]
+        outs = list(bsym.flat_proxy_outs)
         if not any(isinstance(p, TensorProxy) for p in outs):
             continue
         leaves, spec = tree_flatten((bsym.args, bsym.kwargs))
@@ -48,7 +68,7 @@ def same_computations(bsyms: Sequence) -> list[tuple[int, int]]:
 
 
 def region_cut_positions(bsyms: Sequence, inputs: Sequence, outputs: set[str], held: set[str],
-                         keep_apart: bool) -> list[int]:
+                         keep_apart: bool, names: RegionNames | None = None) -> list[int]:
     """Positions after which ``solvers.region_cuts`` cuts a region running ``bsyms``.
 
     ``inputs``: the region's input proxies; ``outputs``: names of what it returns (or what is read
@@ -56,20 +76,17 @@ def region_cut_positions(bsyms: Sequence, inputs: Sequence, outputs: set[str], h
     ``keep_apart``: the executor's compiler computes ops computing the same values once and holds
     the result between them (``FusionAdapter.merges_same_computations``): what it would hold
     counts toward cutting between them (``to_keep_apart``). Never cut between the op that makes
-    a storage and an in-place write into it (``written_after_made``).
+    a storage and an in-place write into it (``written_after_made``). ``names``: the
+    ``region_names`` of ``bsyms`` when the caller has them.
     """
-    proxies = {}
-    for bsym in bsyms:
-        for p in (*bsym.flat_proxy_args, *bsym.flat_proxy_outs):
-            proxies.setdefault(p.name, p)
-    reads = [tuple(p.name for p in bsym.flat_proxy_args) for bsym in bsyms]
-    makes = [tuple(p.name for p in bsym.flat_proxy_outs) for bsym in bsyms]
-    sizes = {name: value_bytes(p) for name, p in proxies.items() if isinstance(p, TensorProxy)}
+    names = names if names is not None else region_names(bsyms)
+    sizes = {name: value_bytes(p) for name, p in names.proxies.items() if isinstance(p, TensorProxy)}
     storages = storage_map(list(bsyms), list(inputs))
     views = {name for name in sizes if storages.owner_of(name) != name}
     freeable = {p.name for p in inputs} - held
     apart = to_keep_apart(bsyms, outputs) if keep_apart else ()
-    return region_cuts(reads, makes, sizes, freeable, outputs, views, apart, written_after_made(bsyms, storages))
+    return region_cuts(names.reads, names.makes, sizes, freeable, outputs, views, apart,
+                       written_after_made(bsyms, storages))
 
 
 def written_after_made(bsyms: Sequence, storages) -> set[int]:
@@ -105,7 +122,8 @@ def to_keep_apart(bsyms: Sequence, outputs: set[str]) -> list[tuple[int, int, in
             last_read[p.name] = k
     apart = []
     for i, j in same_computations(bsyms):
-        made = {p.name: value_bytes(p) for p in bsyms[i].flat_proxy_outs if isinstance(p, TensorProxy) and value_bytes(p)}
+        made = {p.name: nbytes for p in bsyms[i].flat_proxy_outs
+                if isinstance(p, TensorProxy) and (nbytes := value_bytes(p))}
         if not made or any(name in outputs or last_read.get(name, -1) >= j for name in made):
             continue  # the first result lives past the second anyway: computing it once costs nothing
         apart.append((max([i, *(last_read.get(name, i) for name in made)]), j, sum(made.values())))

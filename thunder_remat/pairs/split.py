@@ -7,10 +7,10 @@ one after another, Thunder's ``del_last_used`` frees a saved value after the pie
 reads it; where the executor's compiler merges equal computations, two ops computing the same value
 (a value recomputed again for a far reader) may be cut apart when what the compiler would hold in
 between outweighs what crosses the cut. No cut falls between an op that makes a storage and an
-in-place write into it. Where to
-cut is ``fusion_regions.region_cut_positions`` (the rule is ``solvers.region_cuts``, plain data);
-each piece is emitted through the region's own executor, in the original order, reading and
-returning what the pieces around it need, so the trace computes the same values.
+in-place write into it. Where to cut is ``fusion_regions.region_cut_positions`` (the rule is
+``solvers.region_cuts``, plain data); each piece is emitted through the region's own executor, in
+the original order, reading and returning what the pieces around it need, so the trace computes
+the same values.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from collections.abc import Callable
 
 from thunder.core.pytree import tree_flatten
 
-from thunder_remat.fusion_regions import region_cut_positions
+from thunder_remat.fusion_regions import region_cut_positions, region_names
 from thunder_remat.trace_facts import is_backward_region
 
 __all__ = ["split_backward_regions"]
@@ -53,14 +53,10 @@ def split_backward_regions(trace, adapter_for: Callable, fusion_counter: Callabl
 def _pieces(region, held: set[str], keep_apart: bool):
     """(inputs, outputs, bound symbols) of each piece of ``region``, or None when it is not cut."""
     subs = list(region.subsymbols)
-    proxies = {}
-    for sub in subs:
-        for p in (*sub.flat_proxy_args, *sub.flat_proxy_outs):
-            proxies.setdefault(p.name, p)
-    reads = [tuple(p.name for p in sub.flat_proxy_args) for sub in subs]
-    makes = [tuple(p.name for p in sub.flat_proxy_outs) for sub in subs]
+    names = region_names(subs)
+    proxies, reads, makes = names.proxies, names.reads, names.makes
     returned = [p.name for p in region.flat_proxy_outs]
-    cuts = region_cut_positions(subs, region.flat_proxy_args, set(returned), held, keep_apart)
+    cuts = region_cut_positions(subs, region.flat_proxy_args, set(returned), held, keep_apart, names)
     if not cuts:
         return None
     bounds = [0, *(k + 1 for k in cuts), len(subs)]
