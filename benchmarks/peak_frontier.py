@@ -316,10 +316,7 @@ def run_config(work: Workload, config: str, budget: float | None, reference, arg
             if config == "thunder-tc":
                 from thunder.executors.torch_compile import torch_compile_ex
 
-                from thunder_remat.executors import adapter_for
-
-                merges = adapter_for(torch_compile_ex).merges_same_computations
-                regions = predict_regions(plan.trace, torch_compile_ex.can_fuse, keeps_apart=lambda bsym: merges)
+                regions = predict_regions(plan.trace, torch_compile_ex.can_fuse)
             row.estimate = _mb(estimate_peak_bytes(plan.trace, regions)) + "*"
         if plan is not None and plan.failure:
             row.note = f"plan failed: {plan.failure}"

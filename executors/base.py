@@ -76,6 +76,11 @@ class FusionAdapter:
         """Whether this executor could run ``bsym`` inside one of its regions."""
         return bool(self.executor.can_fuse(bsym))
 
+    def keep_plan_order(self, bsym) -> None:
+        """Make the region ``bsym`` calls run its ops in the order they appear in it, where the
+        executor's compiler would move them (the estimate walks that order). Nothing to do for
+        executors that keep it."""
+
     def reemit(self, bsym):
         """Rebuild a rewritten region through its own executor, keeping its name."""
         region = _RegionView(

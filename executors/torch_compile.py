@@ -13,6 +13,7 @@ under the compile options of the compilation that made it. Each region that runs
 
 from __future__ import annotations
 
+import sys
 import threading
 
 import thunder.executors.torch_compile as _tc
@@ -26,8 +27,29 @@ from thunder_remat.executors.builtin_pass import builds_deferred, gate_module
 __all__ = ["TorchCompileAdapter", "DeferredRegion", "install"]
 
 
+#: Inductor settings under which a region runs its kernels in the order of the region's ops
+#: (torch 2.11). Each of these moves a kernel the rewrite placed late to an earlier point, so a
+#: value the plan computes again for a far reader is computed with the first computation and held
+#: in between: horizontal fusion (kernels that only share inputs), the FX pass that reorders
+#: inference graphs for locality, and the scheduler's reordering for peak memory. Fusing producers
+#: into consumers, which makes a region fast, is untouched. Measured on the small LLaMA at 0.0:
+#: the allocator's peak 1.152 MB with Inductor's defaults, 0.824 MB with these (the estimate's
+#: walk: 0.824 MB).
+KEEP_ORDER_OPTIONS = {
+    "score_fusion_memory_threshold": sys.maxsize,
+    "reorder_for_locality": False,
+    "reorder_for_peak_memory": False,
+}
+
+
 class TorchCompileAdapter(FusionAdapter):
     merges_same_computations = True
+
+    def keep_plan_order(self, bsym) -> None:
+        # the region's callable, as Thunder 0.2.6's fusion bound symbols carry it
+        region = bsym._call_ctx.get(bsym.sym.name) if bsym._call_ctx else None
+        if isinstance(region, DeferredRegion):
+            region.inductor_options = KEEP_ORDER_OPTIONS
 
 
 class DeferredRegion:
@@ -39,6 +61,8 @@ class DeferredRegion:
     """
 
     def __init__(self, build, args, kwargs) -> None:
+        #: Inductor config set while the region runs (so while Dynamo compiles it); None: as set
+        self.inductor_options: dict | None = None
         self._build = build
         self._parts = (args, kwargs, _compile_data.get(), cache_info_now())
         self._fn = None
@@ -61,6 +85,13 @@ class DeferredRegion:
     def __call__(self, *args):
         if self._fn is None:
             self.build()
+        if self.inductor_options:
+            # torch.compile compiles on the first call (and on a recompile), so the settings apply
+            # around every call, not around the build
+            from torch._inductor import config as inductor_config
+
+            with inductor_config.patch(self.inductor_options):
+                return self._fn(*args)
         return self._fn(*args)
 
 

@@ -350,6 +350,33 @@ def test_nested_checkpoints_recompute_the_outer_level_from_the_inner(monkeypatch
         torch.testing.assert_close(g, g0, atol=1e-5, rtol=1e-4)
 
 
+@pytest.mark.jit
+@pytest.mark.parametrize("budget", [1.0, 0.0])
+def test_the_estimate_cuts_the_regions_of_the_rewrite_as_the_split_will(budget):
+    """The step-peak estimate of a schedule predicts the backward regions of the trace the schedule
+    builds, cut where ``pairs.split`` will cut them: equal to the built trace's estimate, cuts
+    included (tiny LLaMA, the light fusion executor, the pass's own checkpoint search). The cuts
+    are the rewrite's: at 1.0 they free saved values early."""
+    from thunder_remat.records import Timings
+    from thunder_remat.whole_graph.checkpoints import checkpointed_schedule
+    from thunder_remat.whole_graph.peak import estimate_peak_bytes, estimate_schedule_peak, predict_regions
+    from thunder_remat.whole_graph.rewrite import build
+
+    torch.manual_seed(0)
+    model = build_model("llama", "tiny")
+    trace, result = joint_trace(model, (example_batch(model),), executors=[eager_fusion_ex],
+                                remat_memory_budget=budget)
+    regions = predict_regions(trace, eager_fusion_ex.can_fuse)
+    direct = checkpointed_schedule(trace, result.problem, result.choice, window=30, setting="auto",
+                                   timings=Timings(), regions=regions)
+    built = build(direct.schedule)
+    cut = estimate_peak_bytes(built, predict_regions(built, eager_fusion_ex.can_fuse))
+    assert estimate_schedule_peak(direct.schedule, regions=regions) == cut
+    assert direct.peak_estimate in (None, cut)  # None: no checkpoint search ran
+    uncut = estimate_peak_bytes(built, predict_regions(built, eager_fusion_ex.can_fuse, split=False))
+    assert cut < uncut
+
+
 @pytest.mark.slow
 def test_auto_checkpoints_take_the_anchor_with_the_lowest_estimated_peak(monkeypatch):
     """The default ("auto") estimates the step peak of the rewrite without checkpoints and with each
@@ -373,8 +400,7 @@ def test_auto_checkpoints_take_the_anchor_with_the_lowest_estimated_peak(monkeyp
 
     torch.manual_seed(0)
     model = build_model("gpt", "tiny", dropout=0.1)
-    # regions not cut: the cuts depend on the copies, which the built trace has and the schedule
-    # does not (the estimate predicts them on the trace before the rewrite)
+    # regions not cut here (test_the_estimate_cuts_the_regions_of_the_rewrite_as_the_split_will: cut)
     trace, result = joint_trace(model, (example_batch(model),), executors=[eager_fusion_ex], remat_memory_budget=0.0,
                                 remat_split_regions=False)
     monkeypatch.setattr(wg, "estimate_schedule_peak", spy)

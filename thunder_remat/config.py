@@ -55,6 +55,11 @@ class RematConfig:
     #: Cut backward fusion regions where the values they read from the forward can be freed early
     #: (a region holds what it reads until it returns; see thunder_remat.pairs.split).
     split_regions: bool = True
+    #: Compile fusion regions so that the executor keeps the order the rewrite chose where it would
+    #: otherwise move ops (torch.compile: no horizontal fusion, no reordering for peak memory; they
+    #: hoist a value the plan computes twice to its first computation and hold it in between).
+    #: False: the executor's own choices (the step's peak may then exceed the estimate).
+    keep_plan_order: bool = True
     #: Check every rewritten trace with thunder_remat.verify; a rewrite that fails is undone (with a warning).
     verify: bool = True
     #: Under FSDP ZeRO-3, re-gather parameters in the backward instead of saving the gathered ones.
@@ -63,7 +68,8 @@ class RematConfig:
     fsdp_prefetch: int = 1
 
     def __post_init__(self) -> None:
-        for name in ("enabled", "fusion_pairs", "whole_graph", "verify", "fsdp_regather", "split_regions"):
+        for name in ("enabled", "fusion_pairs", "whole_graph", "verify", "fsdp_regather", "split_regions",
+                     "keep_plan_order"):
             _check_choice(name, getattr(self, name), _BOOLS)
         _check_choice("solver", self.solver, KNAPSACK_SOLVERS)
         _check_choice("cost_model", self.cost_model, COST_MODELS)

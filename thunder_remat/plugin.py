@@ -71,8 +71,19 @@ class RematFusionExecutor(FusionExecutor):
 
     def fusion_pass(self, trace):
         """The fusion-pair pass (``remat_fusion_pairs``), then the backward region cuts
-        (``remat_split_regions``), verified together; undone together if verification fails."""
-        if not (self.config.enabled and (self.config.fusion_pairs or self.config.split_regions)):
+        (``remat_split_regions``), verified together; undone together if verification fails.
+        Then every region is set to run in the rewritten order (``remat_keep_plan_order``)."""
+        if not self.config.enabled:
+            return trace
+        trace = self._pairs_and_cuts(trace)
+        if self.config.keep_plan_order:
+            for bsym in trace.bound_symbols:
+                if bsym.sym.is_fusion:
+                    adapter_for(bsym.sym.executor).keep_plan_order(bsym)
+        return trace
+
+    def _pairs_and_cuts(self, trace):
+        if not (self.config.fusion_pairs or self.config.split_regions):
             return trace
         with _collector_paused():
             if self.config.fusion_pairs:
@@ -81,7 +92,8 @@ class RematFusionExecutor(FusionExecutor):
             else:
                 result = PairPassResult(trace)
             if self.config.split_regions:
-                bsyms, result.split_regions = split_backward_regions(result.trace, adapter_for, fusion_counter)
+                bsyms, result.split_regions = split_backward_regions(result.trace, adapter_for, fusion_counter,
+                                                                     self.config.keep_plan_order)
                 if result.split_regions:
                     result.trace = _finalize(result.trace, bsyms)
             problems = verify(trace, result.trace) if self.config.verify and result.trace is not trace else ()
@@ -113,18 +125,13 @@ def plan_joint_trace(trace, executor: RematFusionExecutor):
     fusers = [ex for ex in stashed_now("executors") or () if isinstance(ex, FusionExecutor)]
     fusible = (lambda bsym: any(ex.can_fuse(bsym) for ex in fusers)) if fusers else None
 
-    def keeps_apart(bsym) -> bool:  # the executor that takes bsym first cuts between equal computations
-        ex = next((ex for ex in fusers if ex.can_fuse(bsym)), None)
-        return ex is not None and adapter_for(ex).merges_same_computations
-
     ceiling = None
     if fusers and not zero3 and (config.budget is None or BudgetKind(config.budget[0]) is BudgetKind.FRACTION):
         # a fusion executor's own pair pass may recompute what thunder_remat's policies keep
         # (Thunder recomputes convolutions inside a torch.compile region): 1.0 saves no more
         ceiling = lambda: _thunder_alone_bytes_now(trace)  # noqa: E731 (asked only if a kept contraction is fusible)
     with _collector_paused():
-        result = plan_saved_values(trace, config, zero3=zero3, fusible=fusible, keeps_apart=keeps_apart,
-                                   ceiling=ceiling)
+        result = plan_saved_values(trace, config, zero3=zero3, fusible=fusible, ceiling=ceiling)
     executor.saved_set_planned = result.status is not PassStatus.FAILED
     record_provenance(result.provenance())
     stash("save_result", result)

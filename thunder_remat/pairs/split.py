@@ -25,9 +25,12 @@ from thunder_remat.trace_facts import is_backward_region
 __all__ = ["split_backward_regions"]
 
 
-def split_backward_regions(trace, adapter_for: Callable, fusion_counter: Callable) -> tuple[list, list[tuple[str, int]]]:
+def split_backward_regions(trace, adapter_for: Callable, fusion_counter: Callable,
+                           order_kept: bool = False) -> tuple[list, list[tuple[str, int]]]:
     """The bound symbols of ``trace`` with each backward fusion region cut where ``region_cuts``
-    says, and (region name, pieces) for every region cut."""
+    says, and (region name, pieces) for every region cut. ``order_kept``: the regions will run
+    their ops in order (``FusionAdapter.keep_plan_order``), so no executor merges two equal
+    computations and no cut is needed to keep them apart."""
     # the function's arguments and parameters are held anyway: a cut frees nothing of theirs
     held = {p.name for p in tree_flatten((trace.args, trace.kwargs))[0] if hasattr(p, "name")}
     bsyms = list(trace.bound_symbols)
@@ -39,7 +42,8 @@ def split_backward_regions(trace, adapter_for: Callable, fusion_counter: Callabl
     out, done = [], []
     for bsym in bsyms:
         adapter = adapter_for(bsym.sym.executor) if bsym.sym.is_fusion else None
-        pieces = _pieces(bsym, held, adapter.merges_same_computations) if adapter and is_backward_region(bsym) else None
+        merges = adapter is not None and adapter.merges_same_computations and not order_kept
+        pieces = _pieces(bsym, held, merges) if adapter and is_backward_region(bsym) else None
         if not pieces:
             out.append(bsym)
             continue

@@ -212,13 +212,14 @@ def checkpointed_schedule(trace, problem: SaveProblem, choice: BudgetChoice, *, 
                 break
     if inherit:
         # the lowest-peak rewrite of a plan that saves more, held: its saved values and its checkpoints
-        # made when the backward starts, where it holds least; not where the backward has fusion
-        # regions: there they all run in the first backward region, which holds them to its end (measured: 1.278 MB
-        # against 1.147 MB made at first use, small LLaMA at 0.5, torch.compile executor)
-        unfused = regions is None or max(regions, default=-1) < 0
-        held_above = attempt(tuple(fraction for fraction, _ in inherit), inherit, early=unfused)
-        if held_above is not None and held_above.peak < (plain_peak if best is None else best.peak):
-            best = held_above
+        # made when the backward starts, where it holds least without fusion; with backward fusion
+        # regions they then run in the first region, which holds them to its end, so made at first
+        # use is tried too, and the estimate (which cuts the regions of each rewrite) picks
+        chain = tuple(fraction for fraction, _ in inherit)
+        fused = regions is not None and regions.fuses_any
+        for held_above in [attempt(chain, inherit, early=True)] + ([attempt(chain, inherit)] if fused else []):
+            if held_above is not None and held_above.peak < (plain_peak if best is None else best.peak):
+                best = held_above
     if best is None:
         return CheckpointChoice(plain, (), plain_peak, plain_peak, estimates)
     levels = tuple((fraction, ops) for fraction, ops, _ in best.levels)

@@ -13,69 +13,54 @@ output through the backward holds that much more).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from thunder.core.pytree import tree_flatten
 
-from thunder_remat.fusion_regions import region_cut_positions
-from thunder_remat.trace_facts import forward_storages, is_backward
+from thunder_remat.solvers.region_cuts import region_cuts
+from thunder_remat.trace_facts import forward_storages, in_place_destination, is_backward
 from thunder_remat.whole_graph.rewrite import CopySchedule
 from thunder_remat.storage import StorageMap
 
-__all__ = ["estimate_peak_bytes", "estimate_schedule_peak", "predict_regions"]
+__all__ = ["RegionModel", "estimate_peak_bytes", "estimate_schedule_peak", "predict_regions"]
 
 
-def estimate_peak_bytes(trace, regions: tuple[int, ...] | None = None) -> int:
+def estimate_peak_bytes(trace, regions: RegionModel | None = None) -> int:
     """The estimated peak of live tensor bytes (inputs excluded) over a joint trace."""
     return estimate_schedule_peak(CopySchedule(trace), regions=regions)
 
 
-def predict_regions(trace, fusible, split: bool = True, keeps_apart=None) -> tuple[int, ...]:
-    """Per position of a joint trace, the backward fusion region its bound symbol is expected to
-    run in (-1: none): each run of consecutive backward bound symbols that ``fusible`` (a fusion
-    executor's ``can_fuse``) accepts, cut where ``pairs.split`` will cut it (``split``; the rule is
-    ``solvers.region_cuts``). Thunder fuses the joint trace after thunder_remat's rewrite; a copy
-    the rewrite places before a backward reader runs in that reader's region. ``keeps_apart(bsym)``:
-    the executor that fuses ``bsym`` cuts between ops computing the same value
-    (``FusionAdapter.merges_same_computations``; None: none does)."""
+@dataclass(frozen=True)
+class RegionModel:
+    """The backward fusion regions an executor will form from a joint trace and any rewrite of it.
+
+    ``fusible[position]``: the executor fuses the bound symbol there; ``backward[position]``: it
+    belongs to the backward. A backward op the executor fuses, or a copy of a forward op it fuses
+    (the rewrite places copies in the backward, before their readers), runs in a region;
+    consecutive such steps of the rewritten trace form one. ``split``: ``pairs.split`` cuts them,
+    by ``solvers.region_cuts`` applied to the rewritten steps (what each reads and makes), as it
+    will cut the built regions. So the cuts follow the plan: a value the backward recomputes is
+    made inside a region, one it reads from the forward is an input the region holds.
+    """
+
+    fusible: tuple[bool, ...]
+    backward: tuple[bool, ...]
+    split: bool = True
+
+    @property
+    def fuses_any(self) -> bool:
+        return any(f and b for f, b in zip(self.fusible, self.backward))
+
+
+def predict_regions(trace, fusible, split: bool = True) -> RegionModel:
+    """The ``RegionModel`` of a joint trace: ``fusible`` is the fusion executor's ``can_fuse``
+    (Thunder fuses the joint trace after thunder_remat's rewrite)."""
     bsyms = trace.bound_symbols
-    runs: list[list[int]] = []
-    previous = False
-    for position, bsym in enumerate(bsyms):
-        fused = is_backward(bsym) and bool(fusible(bsym))
-        if fused and not previous:
-            runs.append([])
-        if fused:
-            runs[-1].append(position)
-        previous = fused
-    regions = [-1] * len(bsyms)
-    region = -1
-    held = {p.name for p in tree_flatten((trace.args, trace.kwargs))[0] if hasattr(p, "name")}
-    last_read: dict[str, int] = {}  # name -> the last position reading it (one walk for every run)
-    if split:
-        for position, bsym in enumerate(bsyms):
-            for p in bsym.flat_proxy_args:
-                last_read[p.name] = position
-    for run in runs:
-        keep_apart = keeps_apart is not None and bool(keeps_apart(bsyms[run[0]]))
-        cuts = set(_cuts(bsyms, run, held, last_read, keep_apart)) if split else set()
-        region += 1
-        for k, position in enumerate(run):
-            regions[position] = region
-            if k in cuts:
-                region += 1
-    return tuple(regions)
-
-
-def _cuts(bsyms, run: list[int], held: set[str], last_read: dict[str, int], keep_apart: bool) -> list[int]:
-    """Where ``pairs.split`` would cut a region made of the bound symbols at ``run``."""
-    body = [bsyms[i] for i in run]
-    made = {p.name for bsym in body for p in bsym.flat_proxy_outs}
-    inputs = {p.name: p for bsym in body for p in bsym.flat_proxy_args if p.name not in made}
-    after = {n for n in made if last_read.get(n, -1) > run[-1]}  # read after the region: its outputs
-    return region_cut_positions(body, list(inputs.values()), after, held, keep_apart)
+    return RegionModel(tuple(bool(fusible(bsym)) for bsym in bsyms), tuple(is_backward(bsym) for bsym in bsyms), split)
 
 
 def estimate_schedule_peak(schedule: CopySchedule, storages: StorageMap | None = None,
-                           regions: tuple[int, ...] | None = None, detail: bool = False):
+                           regions: RegionModel | None = None, detail: bool = False):
     """The estimated step peak of the trace a schedule would build, without building it.
 
     ``storages``: those of the schedule's (unrewritten) trace, forward and backward, when already
@@ -84,10 +69,12 @@ def estimate_schedule_peak(schedule: CopySchedule, storages: StorageMap | None =
     input is read from (a copy, or the forward's value); a backward op's view of an input it now
     reads from a copy is a view of that copy.
 
-    ``regions`` (``predict_regions``): the backward fusion regions the executor will form. A region
-    is one call that holds its inputs as arguments: what it reads from before it (saved values,
-    gradients so far) lives until it returns. Inside a region values are freed at their last use,
-    as unfused (measured against torch.compile's CPU regions: docs/whole-graph.md).
+    ``regions`` (``predict_regions``): the backward fusion regions the executor will form from the
+    rewritten trace, cut as ``pairs.split`` will cut them. A region is one call that holds its
+    inputs as arguments: what it reads from before it (saved values, gradients so far) lives until
+    it returns. Inside a region values are freed at their last use, as unfused, and its ops run in
+    order (``remat_keep_plan_order``; measured against torch.compile's CPU regions:
+    docs/whole-graph.md).
 
     ``detail``: return (peak, the step where it happens, {storage: (step allocated, step of last
     read, bytes)} of the storages alive there) instead of the peak alone.
@@ -114,22 +101,25 @@ def estimate_schedule_peak(schedule: CopySchedule, storages: StorageMap | None =
     if isinstance(handed, dict) and "fw_flat_out" in handed:
         to_loss = {p.name for p in tree_flatten(handed["fw_flat_out"])[0] if hasattr(p, "name")}
     returned = tuple(n for n in tensor_reads[last] if n not in to_loss)
-    region_steps: dict[int, list[int]] = {}  # region -> [first step, last step]
-    read_in: dict = {}  # storage -> the regions that read it
+    bsyms = trace.bound_symbols
+    step_reads: list[list] = []  # per step: the storages it reads (not held ones)
+    step_makes: list[list] = []  # per step: the storages it allocates
+    step_writes: list = []  # per step: the storage it writes in place, or None
+    step_fused: list[bool] = []  # per step: it runs in a backward fusion region
 
-    def run(position: int, sources: dict, copy: int | None, region: int) -> None:
+    def run(position: int, sources: dict, copy: int | None, fused: bool) -> None:
         """One step: the bound symbol at ``position`` reading ``sources`` (input name -> copy
         number) instead of the forward's values; ``copy``: the number of the copy this step
-        makes, or None; ``region``: the fusion region it runs in (-1: none)."""
+        makes, or None; ``fused``: it runs in a backward fusion region."""
         reads = tensor_reads[position] if position != last else returned
         now = {}
+        read_now, made_now = [], []
         for name in reads:
             k = sources.get(name)
             now[name] = copy_owner[(k, name)] if k is not None else current.get(name) or owner.get(name, name)
             if now[name] not in held:
                 last_read[now[name]] = step
-                if region >= 0:
-                    read_in.setdefault(now[name], set()).add(region)
+                read_now.append(now[name])
         for name in tensor_outs[position]:
             original = owner.get(name, name)
             viewed = next((a for a in reads if owner.get(a, a) == original), None)
@@ -148,19 +138,32 @@ def estimate_schedule_peak(schedule: CopySchedule, storages: StorageMap | None =
             if storage not in held and storage not in born:
                 born[storage] = step
                 last_read.setdefault(storage, step)
+                made_now.append(storage)
+        destination = in_place_destination(bsyms[position]) if fused else None
+        name = getattr(destination, "name", None)
+        step_reads.append(read_now)
+        step_makes.append(made_now)
+        step_writes.append(now.get(name, current.get(name) or owner.get(name, name)) if name else None)
+        step_fused.append(fused)
 
-    for position in range(len(trace.bound_symbols)):
-        region = regions[position] if regions is not None else -1
-        if region >= 0:
-            region_steps.setdefault(region, [step, step])
+    fusible = regions.fusible if regions is not None else (False,) * len(bsyms)
+    backward = regions.backward if regions is not None else (False,) * len(bsyms)
+    for position in range(len(bsyms)):
         for k in schedule.before.get(position, ()):
             i, inputs = schedule.copies[k]
-            run(i, inputs, k, region)
+            run(i, inputs, k, fusible[i])
             step += 1
-        run(position, schedule.reads.get(position, {}), None, region)
+        run(position, schedule.reads.get(position, {}), None, fusible[position] and backward[position])
         step += 1
+    region_of = _step_regions(step_fused, step_reads, step_makes, step_writes, born, last_read, size,
+                              regions is not None and regions.split)
+    region_steps: dict[int, list[int]] = {}  # region -> [first step, last step]
+    read_in: dict = {}  # storage -> the regions that read it
+    for at, region in enumerate(region_of):
         if region >= 0:
-            region_steps[region][1] = step - 1
+            region_steps.setdefault(region, [at, at])[1] = at
+            for storage in step_reads[at]:
+                read_in.setdefault(storage, set()).add(region)
     for storage, readers in read_in.items():  # a region holds what it reads from before it
         start = born.get(storage, -1)
         for region in readers:
@@ -170,6 +173,39 @@ def estimate_schedule_peak(schedule: CopySchedule, storages: StorageMap | None =
     lifetimes = {storage: (at, last_read[storage], size.get(storage, sizes.get(storage, 0)))
                  for storage, at in born.items()}
     return _peak_of(lifetimes, step)[0] if not detail else _peak_of(lifetimes, step)
+
+
+def _step_regions(fused: list[bool], reads: list[list], makes: list[list], writes: list, born: dict,
+                  last_read: dict, size: dict, split: bool) -> list[int]:
+    """The region each step runs in (-1: none): runs of consecutive fused steps, each cut where
+    ``solvers.region_cuts`` cuts it (``split``), reading storages as a built region reads names."""
+    region_of = [-1] * len(fused)
+    region, k = -1, 0
+    while k < len(fused):
+        if not fused[k]:
+            k += 1
+            continue
+        start = k
+        while k < len(fused) and fused[k]:
+            k += 1
+        cuts: set[int] = set()
+        if split and k - start > 1:
+            made = {storage for at in range(start, k) for storage in makes[at]}
+            inputs = {storage for at in range(start, k) for storage in reads[at] if storage not in made}
+            outputs = {storage for storage in made if last_read[storage] >= k}
+            fixed: set[int] = set()  # never between the op that makes a storage and a write into it
+            for at in range(start, k):
+                written = writes[at]
+                if written in made and born[written] < at:
+                    fixed.update(range(born[written] - start, at - start))
+            cuts = set(region_cuts([reads[at] for at in range(start, k)], [makes[at] for at in range(start, k)],
+                                   size, inputs, outputs, fixed=fixed))
+        region += 1
+        for local, at in enumerate(range(start, k)):
+            region_of[at] = region
+            if local in cuts:
+                region += 1
+    return region_of
 
 
 def _peak_of(lifetimes: dict, steps: int) -> tuple[int, int, dict]:
