@@ -289,3 +289,26 @@ def test_torch_compile_regions_run_in_the_order_the_rewrite_placed_their_ops():
             assert abs(estimate - peak) <= 0.05 * peak, (estimate, peak)
             for got, want in zip([p.grad for p in model.parameters()], _eager_gradients("llama")):
                 torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-4)
+
+
+@pytest.mark.unit
+def test_a_region_with_a_convolution_keeps_inductors_order():
+    """``keep_plan_order`` sets Inductor's settings on a region without a convolution and leaves a
+    region with one (or a transposed one) to Inductor's own order."""
+    from types import SimpleNamespace
+
+    from thunder.executors.torch_compile import torch_compile_ex
+
+    from thunder_remat.executors import adapter_for
+    from thunder_remat.executors.torch_compile import KEEP_ORDER_OPTIONS, DeferredRegion
+
+    def region_of(*ops):
+        region = DeferredRegion(lambda: None, (), {})
+        bsym = SimpleNamespace(sym=SimpleNamespace(name="TorchCompile0"), _call_ctx={"TorchCompile0": region},
+                               subsymbols=[SimpleNamespace(sym=SimpleNamespace(name=op)) for op in ops])
+        adapter_for(torch_compile_ex).keep_plan_order(bsym)
+        return region.inductor_options
+
+    assert region_of("add", "linear", "sum") == KEEP_ORDER_OPTIONS
+    assert region_of("add", "convolution") is None
+    assert region_of("conv_transpose2d", "mul") is None
