@@ -55,10 +55,12 @@ class RematConfig:
     #: Cut backward fusion regions where the values they read from the forward can be freed early
     #: (a region holds what it reads until it returns; see thunder_remat.pairs.split).
     split_regions: bool = True
-    #: Compile fusion regions so that the executor keeps the order the rewrite chose where it would
-    #: otherwise move ops (torch.compile: no horizontal fusion, no reordering for peak memory; they
-    #: hoist a value the plan computes twice to its first computation and hold it in between).
-    #: False: the executor's own choices (the step's peak may then exceed the estimate).
+    #: Below the fastest plan, compile fusion regions so that the executor keeps the order the
+    #: rewrite chose where it would otherwise move ops (torch.compile: no horizontal fusion, no
+    #: reordering for locality or peak memory; they compute a value the plan computes again for a
+    #: far reader with its first computation and hold it in between). Regions with a convolution
+    #: keep Inductor's order. False: the executor's own choices (the step's peak may then exceed
+    #: the estimate).
     keep_plan_order: bool = True
     #: Check every rewritten trace with thunder_remat.verify; a rewrite that fails is undone (with a warning).
     verify: bool = True

@@ -76,11 +76,20 @@ class RematFusionExecutor(FusionExecutor):
         if not self.config.enabled:
             return trace
         trace = self._pairs_and_cuts(trace)
-        if self.config.keep_plan_order:
+        if self._keeps_plan_order():
             for bsym in trace.bound_symbols:
                 if bsym.sym.is_fusion:
                     adapter_for(bsym.sym.executor).keep_plan_order(bsym)
         return trace
+
+    def _keeps_plan_order(self) -> bool:
+        """``remat_keep_plan_order`` applies below the fastest plan (a fraction under 1.0 or a
+        peak budget): there the rewrite recomputes values for far readers, which a compiler that
+        reorders would compute early and hold. At the fastest plan the regions compile as Thunder
+        compiles them (measured, the settings cost up to 9% of the peak there: docs/benchmarks.md)."""
+        result = stashed_now("save_result")
+        below_fastest = result is not None and result.choice is not None and result.choice.frontier is not None
+        return self.config.keep_plan_order and below_fastest
 
     def _pairs_and_cuts(self, trace):
         if not (self.config.fusion_pairs or self.config.split_regions):
@@ -93,7 +102,7 @@ class RematFusionExecutor(FusionExecutor):
                 result = PairPassResult(trace)
             if self.config.split_regions:
                 bsyms, result.split_regions = split_backward_regions(result.trace, adapter_for, fusion_counter,
-                                                                     self.config.keep_plan_order)
+                                                                     self._keeps_plan_order())
                 if result.split_regions:
                     result.trace = _finalize(result.trace, bsyms)
             problems = verify(trace, result.trace) if self.config.verify and result.trace is not trace else ()
