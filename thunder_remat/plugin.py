@@ -83,12 +83,14 @@ class RematFusionExecutor(FusionExecutor):
         return trace
 
     def _keeps_plan_order(self) -> bool:
-        """``remat_keep_plan_order`` applies below the fastest plan (a fraction under 1.0 or a
-        peak budget): there the rewrite recomputes values for far readers, which a compiler that
+        """``remat_keep_plan_order`` applies to a plan below the fastest (chosen by a fraction under
+        1.0 or a peak budget): there the rewrite recomputes values for far readers, which a compiler that
         reorders would compute early and hold. At the fastest plan the regions compile as Thunder
         compiles them (measured, the settings cost up to 9% of the peak there: docs/benchmarks.md)."""
         result = stashed_now("save_result")
-        below_fastest = result is not None and result.choice is not None and result.choice.frontier is not None
+        choice = result.choice if result is not None else None
+        below_fastest = (choice is not None and choice.frontier is not None
+                         and choice.plan.recomputed != choice.frontier.fastest.recomputed)
         return self.config.keep_plan_order and below_fastest
 
     def _pairs_and_cuts(self, trace):
