@@ -13,7 +13,7 @@ from thunder.core.proxies import Proxy, TensorProxy
 from thunder.core.pytree import tree_flatten
 
 from thunder_remat.cost import value_bytes
-from thunder_remat.solvers.region_cuts import region_cuts
+from thunder_remat.solvers.region_cuts import made_then_written, region_cuts
 from thunder_remat.storage import storage_map
 from thunder_remat.trace_facts import in_place_destination
 
@@ -94,19 +94,12 @@ def written_after_made(bsyms: Sequence, storages) -> set[int]:
     a storage and an in-place write into it. A piece writing into memory an earlier piece made and
     returned gave wrong gradients with torch.compile (T5's in-place position bias): Inductor may
     return one buffer for two equal outputs, and two writes then land in one."""
-    made_at: dict[str, int] = {}
-    for k, bsym in enumerate(bsyms):
-        for p in bsym.flat_proxy_outs:
-            made_at.setdefault(storages.owner_of(p.name), k)
-    fixed: set[int] = set()
-    for k, bsym in enumerate(bsyms):
+    makes = [[storages.owner_of(p.name) for p in bsym.flat_proxy_outs] for bsym in bsyms]
+    writes = []
+    for bsym in bsyms:
         destination = in_place_destination(bsym)
-        if destination is None or not hasattr(destination, "name"):
-            continue
-        start = made_at.get(storages.owner_of(destination.name))
-        if start is not None and start < k:
-            fixed.update(range(start, k))
-    return fixed
+        writes.append(storages.owner_of(destination.name) if hasattr(destination, "name") else None)
+    return made_then_written(makes, writes)
 
 
 def to_keep_apart(bsyms: Sequence, outputs: set[str]) -> list[tuple[int, int, int]]:

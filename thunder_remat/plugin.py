@@ -75,8 +75,9 @@ class RematFusionExecutor(FusionExecutor):
         Then every region is set to run in the rewritten order (``remat_keep_plan_order``)."""
         if not self.config.enabled:
             return trace
-        trace = self._pairs_and_cuts(trace)
-        if self._keeps_plan_order():
+        keep_order = self._keeps_plan_order()
+        trace = self._pairs_and_cuts(trace, keep_order)
+        if keep_order:
             for bsym in trace.bound_symbols:
                 if bsym.sym.is_fusion:
                     adapter_for(bsym.sym.executor).keep_plan_order(bsym)
@@ -93,7 +94,7 @@ class RematFusionExecutor(FusionExecutor):
                          and choice.plan.recomputed != choice.frontier.fastest.recomputed)
         return self.config.keep_plan_order and below_fastest
 
-    def _pairs_and_cuts(self, trace):
+    def _pairs_and_cuts(self, trace, keep_order: bool):
         if not (self.config.fusion_pairs or self.config.split_regions):
             return trace
         with _collector_paused():
@@ -104,7 +105,7 @@ class RematFusionExecutor(FusionExecutor):
                 result = PairPassResult(trace)
             if self.config.split_regions:
                 bsyms, result.split_regions = split_backward_regions(result.trace, adapter_for, fusion_counter,
-                                                                     self._keeps_plan_order())
+                                                                     keep_order)
                 if result.split_regions:
                     result.trace = _finalize(result.trace, bsyms)
             problems = verify(trace, result.trace) if self.config.verify and result.trace is not trace else ()

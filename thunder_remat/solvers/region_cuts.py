@@ -27,7 +27,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-__all__ = ["region_cuts"]
+__all__ = ["region_cuts", "made_then_written"]
 
 
 def region_cuts(reads: Sequence[Sequence[str]], makes: Sequence[Sequence[str]], sizes: Mapping[str, int],
@@ -83,3 +83,19 @@ def region_cuts(reads: Sequence[Sequence[str]], makes: Sequence[Sequence[str]], 
             cuts.append(k)
             since = 0
     return cuts
+
+
+def made_then_written(makes: Sequence[Sequence[str]], writes: Sequence[str | None]) -> set[int]:
+    """The ``fixed`` positions of ``region_cuts``: after the op that first makes a storage and
+    before an op that writes into it in place. ``makes``: the storages each op makes (views name
+    their base); ``writes``: the storage each op writes in place, or None."""
+    made_at: dict[str, int] = {}
+    for k, names in enumerate(makes):
+        for name in names:
+            made_at.setdefault(name, k)
+    fixed: set[int] = set()
+    for k, written in enumerate(writes):
+        start = made_at.get(written) if written is not None else None
+        if start is not None and start < k:
+            fixed.update(range(start, k))
+    return fixed

@@ -186,7 +186,7 @@ def checkpointed_schedule(trace, problem: SaveProblem, choice: BudgetChoice, *, 
         candidate_schedule = schedule(held, early)
         with timings.stage("estimate"):
             peak = estimate_schedule_peak(candidate_schedule, storages, regions)
-        estimates[chain] = peak
+        estimates[chain] = min(peak, estimates.get(chain, peak))  # an inherited chain is tried made early and late
         return Candidate(chain, levels, peak, candidate_schedule)
 
     best = None

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 from thunder.core.pytree import tree_flatten
 
-from thunder_remat.solvers.region_cuts import region_cuts
+from thunder_remat.solvers.region_cuts import made_then_written, region_cuts
 from thunder_remat.trace_facts import forward_storages, in_place_destination, is_backward
 from thunder_remat.whole_graph.rewrite import CopySchedule
 from thunder_remat.storage import StorageMap
@@ -155,7 +155,7 @@ def estimate_schedule_peak(schedule: CopySchedule, storages: StorageMap | None =
             step += 1
         run(position, schedule.reads.get(position, {}), None, fusible[position] and backward[position])
         step += 1
-    region_of = _step_regions(step_fused, step_reads, step_makes, step_writes, born, last_read, size,
+    region_of = _step_regions(step_fused, step_reads, step_makes, step_writes, last_read, size,
                               regions is not None and regions.split)
     region_steps: dict[int, list[int]] = {}  # region -> [first step, last step]
     read_in: dict = {}  # storage -> the regions that read it
@@ -175,8 +175,8 @@ def estimate_schedule_peak(schedule: CopySchedule, storages: StorageMap | None =
     return _peak_of(lifetimes, step)[0] if not detail else _peak_of(lifetimes, step)
 
 
-def _step_regions(fused: list[bool], reads: list[list], makes: list[list], writes: list, born: dict,
-                  last_read: dict, size: dict, split: bool) -> list[int]:
+def _step_regions(fused: list[bool], reads: list[list], makes: list[list], writes: list, last_read: dict,
+                  size: dict, split: bool) -> list[int]:
     """The region each step runs in (-1: none): runs of consecutive fused steps, each cut where
     ``solvers.region_cuts`` cuts it (``split``), reading storages as a built region reads names."""
     region_of = [-1] * len(fused)
@@ -193,13 +193,10 @@ def _step_regions(fused: list[bool], reads: list[list], makes: list[list], write
             made = {storage for at in range(start, k) for storage in makes[at]}
             inputs = {storage for at in range(start, k) for storage in reads[at] if storage not in made}
             outputs = {storage for storage in made if last_read[storage] >= k}
-            fixed: set[int] = set()  # never between the op that makes a storage and a write into it
-            for at in range(start, k):
-                written = writes[at]
-                if written in made and born[written] < at:
-                    fixed.update(range(born[written] - start, at - start))
-            cuts = set(region_cuts([reads[at] for at in range(start, k)], [makes[at] for at in range(start, k)],
-                                   size, inputs, outputs, fixed=fixed))
+            run_makes = [makes[at] for at in range(start, k)]
+            fixed = made_then_written(run_makes, writes[start:k])  # never between a storage's maker and a write into it
+            cuts = set(region_cuts([reads[at] for at in range(start, k)], run_makes, size, inputs, outputs,
+                                   fixed=fixed))
         region += 1
         for local, at in enumerate(range(start, k)):
             region_of[at] = region
