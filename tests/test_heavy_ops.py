@@ -230,12 +230,14 @@ def test_where_thunder_alone_recomputes_convolutions_the_fastest_budget_saves_no
     """With a fusion executor whose regions take convolutions, Thunder's own pass recomputes them in
     the backward and saves less than the fastest plan: budget 1.0 is then the fastest plan saving no
     more than Thunder alone (the fraction scale capped at its figure), measured, and lower budgets
-    fall from there; gradients equal Thunder alone's."""
+    fall from there; a peak budget every plan fits takes that same plan, not the fastest; gradients
+    equal Thunder alone's."""
     from thunder_remat.executors.eager import eager_fusion_ex
     from thunder_remat.inspect.measure import saved_for_backward
 
     runs = {}
-    for name, options in (("alone", {}), (1.0, {"remat": True}), (0.5, {"remat": True, "remat_memory_budget": 0.5})):
+    for name, options in (("alone", {}), (1.0, {"remat": True}), (0.5, {"remat": True, "remat_memory_budget": 0.5}),
+                          ("peak", {"remat": True, "remat_memory_budget": "peak:1GiB"})):
         torch.manual_seed(0)
         model, x = TinyCNN(), torch.randn(2, 3, 8, 8)
         jm = thunder.jit(model, executors=[eager_fusion_ex], **options)
@@ -249,6 +251,10 @@ def test_where_thunder_alone_recomputes_convolutions_the_fastest_budget_saves_no
     half = thunder_remat.last_save_plan(runs[0.5][0])
     assert half.choice.target_bytes == (plan.frontier().smallest.saved_bytes + plan.ceiling) // 2
     assert runs[0.5][1] <= runs[1.0][1]
-    for budget in (1.0, 0.5):
+    peak = thunder_remat.last_save_plan(runs["peak"][0])
+    assert peak.capped and peak.choice.feasible
+    assert peak.choice.plan.saved == plan.choice.plan.saved and runs["peak"][1] == runs[1.0][1]
+    assert "plans walked capped at Thunder alone's" in peak.provenance()
+    for budget in (1.0, 0.5, "peak"):
         for got, want in zip(runs[budget][2], runs["alone"][2]):
             torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-4)

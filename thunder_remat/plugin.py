@@ -138,7 +138,8 @@ def plan_joint_trace(trace, executor: RematFusionExecutor):
     fusible = (lambda bsym: any(ex.can_fuse(bsym) for ex in fusers)) if fusers else None
 
     ceiling = None
-    if fusers and not zero3 and (config.budget is None or BudgetKind(config.budget[0]) is BudgetKind.FRACTION):
+    if fusers and not zero3 and (config.budget is None
+                                 or BudgetKind(config.budget[0]) in (BudgetKind.FRACTION, BudgetKind.PEAK)):
         # a fusion executor's own pair pass may recompute what thunder_remat's policies keep
         # (Thunder recomputes convolutions inside a torch.compile region): 1.0 saves no more
         ceiling = lambda: _thunder_alone_bytes_now(trace)  # noqa: E731 (asked only if a kept contraction is fusible)

@@ -64,7 +64,8 @@ class SavePassResult(PassResult):
     #: with "auto": the estimated step peak with each anchor chain tried (a tuple of budget fractions)
     anchor_estimates: dict = field(default_factory=dict)
     #: activation bytes Thunder alone saves with the compilation's fusion executors (None: not
-    #: asked, no fusion executor or not a fraction budget); fraction 1.0 saves no more
+    #: asked, no fusion executor, or a saved-bytes budget); fraction 1.0 saves no more, and a peak
+    #: budget walks no plan that saves more
     ceiling: int | None = None
     _frontier: Frontier | None = field(default=None, repr=False, compare=False)
 
@@ -80,9 +81,10 @@ class SavePassResult(PassResult):
 
     @property
     def capped(self) -> bool:
-        """Thunder alone saves less than the fastest plan: the fraction scale's top is its figure."""
+        """Thunder alone saves less than the fastest plan: the fraction scale's top (a peak budget's
+        first plan) is the plan that saves no more."""
         return self.ceiling is not None and self.choice is not None and self.choice.frontier is not None \
-            and self.ceiling < self.choice.frontier.fastest.saved_bytes and not self.peak_budget
+            and self.ceiling < self.choice.frontier.fastest.saved_bytes
 
     @property
     def peak_budget(self) -> bool:
@@ -122,7 +124,8 @@ class SavePassResult(PassResult):
         if self.choice.target_bytes is not None:
             text += f" = {self.choice.target_bytes} B"
         if self.capped:
-            text += f", the fraction scale capped at Thunder alone's {self.ceiling} B"
+            scale = "plans walked" if self.peak_budget else "the fraction scale"
+            text += f", {scale} capped at Thunder alone's {self.ceiling} B"
         text += (
             f"; saves {plan.saved_bytes} B of activations (storage bytes); "
             f"{len(plan.recomputed)} forward ops recomputed in backward, est. {plan.recompute_cost:.3g} "
@@ -190,7 +193,8 @@ def plan_saved_values(trace, config, *, zero3: bool = False, fusible=None, ceili
             result.ceiling = ceiling
         if peak_budget:
             picked = choose_for_peak(trace, problem, frontier, int(config.budget[1]), window=window,
-                                     setting=config.checkpoint_budget, timings=timings, regions=regions)
+                                     setting=config.checkpoint_budget, timings=timings, regions=regions,
+                                     ceiling=ceiling)
             choice, checkpoints = picked.choice, picked.checkpoints
         elif config.checkpoint_budget == "auto" and window is not None and choice.frontier is not None:
             # below the fastest plan: walk down to the chosen plan, which may hold a rewrite above it
