@@ -141,7 +141,8 @@ def plan_joint_trace(trace, executor: RematFusionExecutor):
     if fusers and not zero3 and (config.budget is None
                                  or BudgetKind(config.budget[0]) in (BudgetKind.FRACTION, BudgetKind.PEAK)):
         # a fusion executor's own pair pass may recompute what thunder_remat's policies keep
-        # (Thunder recomputes convolutions inside a torch.compile region): 1.0 saves no more
+        # (Thunder recomputes convolutions inside a torch.compile region): 1.0 saves no more, and a
+        # peak budget walks no plan that saves more
         ceiling = lambda: _thunder_alone_bytes_now(trace)  # noqa: E731 (asked only if a kept contraction is fusible)
     with _collector_paused():
         result = plan_saved_values(trace, config, zero3=zero3, fusible=fusible, ceiling=ceiling)
