@@ -258,8 +258,8 @@ def test_torch_compile_regions_run_in_the_order_the_rewrite_placed_their_ops():
     """``remat_keep_plan_order`` (the default) compiles every torch.compile region, forward and
     backward, in the rewrite's order for a plan below the fastest (``KEEP_ORDER_OPTIONS``); off, or
     for the fastest plan (1.0, or a peak budget it meets), the regions carry no settings of
-    thunder_remat. The estimate, which
-    walks the rewritten order, is then within 5% of the allocator's peak, and gradients equal eager."""
+    thunder_remat. The estimate, which walks the rewritten order, is then within 5% of the
+    allocator's peak, and gradients equal eager."""
     from thunder.executors.torch_compile import torch_compile_ex
 
     from thunder_remat.executors.torch_compile import KEEP_ORDER_OPTIONS, DeferredRegion
