@@ -316,7 +316,10 @@ def run_config(work: Workload, config: str, budget: float | None, reference, arg
             if config == "thunder-tc":
                 from thunder.executors.torch_compile import torch_compile_ex
 
-                regions = predict_regions(plan.trace, torch_compile_ex.can_fuse)
+                from thunder_remat.executors import adapter_for
+
+                regions = predict_regions(plan.trace, torch_compile_ex.can_fuse,
+                                          kernels=adapter_for(torch_compile_ex).kernel_model())
             row.estimate = _mb(estimate_peak_bytes(plan.trace, regions)) + "*"
         if plan is not None and plan.failure:
             row.note = f"plan failed: {plan.failure}"

@@ -76,6 +76,12 @@ class FusionAdapter:
         """Whether this executor could run ``bsym`` inside one of its regions."""
         return bool(self.executor.can_fuse(bsym))
 
+    def kernel_model(self):
+        """How the executor's compiler holds memory inside a region, where that differs from its
+        ops freeing what they last read in order (``fusion_regions.KernelModel``); None: it does
+        not (or is not modelled)."""
+        return None
+
     def keep_plan_order(self, bsym) -> None:
         """Make the region ``bsym`` calls run its ops in the order they appear in it, where the
         executor's compiler would move them (the estimate walks that order). Nothing to do for

@@ -23,6 +23,7 @@ from thunder.core.compile_data import _compile_data, compile_data_and_stats
 
 from thunder_remat.executors.base import FusionAdapter, cache_info_now, cache_info_restored, register_adapter
 from thunder_remat.executors.builtin_pass import builds_deferred, gate_module
+from thunder_remat.fusion_regions import KernelModel
 from thunder_remat.policies import contraction_kind
 
 __all__ = ["TorchCompileAdapter", "DeferredRegion", "install"]
@@ -45,6 +46,16 @@ KEEP_ORDER_OPTIONS = {
 
 class TorchCompileAdapter(FusionAdapter):
     merges_same_computations = True
+
+    def kernel_model(self) -> KernelModel:
+        """Inductor's rules for computing a pointwise value inside its readers (its ``realize_*``
+        settings, as torch 2.11 reads them; on CPU a reused value using ``exp`` or ``sigmoid`` is
+        written), and its fused kernels allocating their outputs before they run."""
+        from torch._inductor import config as inductor_config
+
+        return KernelModel(reads_threshold=int(inductor_config.realize_reads_threshold),
+                           accumulated_reads_threshold=int(inductor_config.realize_acc_reads_threshold),
+                           heavy_on_cpu=("exp", "sigmoid"))
 
     def keep_plan_order(self, bsym) -> None:
         """Regions with a convolution keep Inductor's order: it runs CPU convolutions as oneDNN

@@ -15,9 +15,11 @@ from thunder.core.pytree import tree_flatten
 from thunder_remat.cost import value_bytes
 from thunder_remat.solvers.region_cuts import made_then_written, region_cuts
 from thunder_remat.storage import storage_map
-from thunder_remat.trace_facts import in_place_destination
+from thunder_remat.policies import contraction_kind
+from thunder_remat.trace_facts import TagReader, in_place_destination
 
-__all__ = ["RegionNames", "region_names", "same_computations", "to_keep_apart", "region_cut_positions"]
+__all__ = ["RegionNames", "region_names", "same_computations", "to_keep_apart", "region_cut_positions",
+           "KernelModel", "KernelKind", "kernel_kind"]
 
 
 @dataclass(frozen=True)
@@ -121,3 +123,55 @@ def to_keep_apart(bsyms: Sequence, outputs: set[str]) -> list[tuple[int, int, in
             continue  # the first result lives past the second anyway: computing it once costs nothing
         apart.append((max([i, *(last_read.get(name, i) for name in made)]), j, sum(made.values())))
     return apart
+
+
+@dataclass(frozen=True)
+class KernelModel:
+    """How a fusion executor's compiler turns a region's ops into kernels, where that changes what
+    is alive (Inductor's rules, read from its config by the executor's adapter; measured against
+    the allocator in docs/whole-graph.md).
+
+    - A pointwise value read only by pointwise or reducing ops of its region is not written to
+      memory: each reader computes it from the value's inputs, which then live until that reader
+      runs. It is written when it has several readers and reads more than ``reads_threshold``
+      values (or, on CPU, uses one of ``heavy_on_cpu``), when it reads more than
+      ``accumulated_reads_threshold`` values, or when an extern kernel (a matmul, a convolution)
+      reads it.
+    - The ops of a region between two extern kernels run as fused kernels, which allocate what
+      they hand on before they run and free what they read after: such a run holds its inputs to
+      its end and allocates its outputs at its start.
+    """
+
+    reads_threshold: int
+    accumulated_reads_threshold: int
+    heavy_on_cpu: tuple[str, ...] = ()
+
+
+class KernelKind:
+    """What kind of kernel an op of a region becomes (``kernel_kind``)."""
+
+    EXTERN = "extern"  # a library call (matmul, convolution): reads realized buffers
+    POINTWISE = "pointwise"  # may be computed inside its readers
+    OTHER = "other"  # a reduction, a scatter, a random op: fused, but always written
+
+
+#: ops whose decomposition carries no reduction tag but which reduce, scatter or pick
+_NOT_POINTWISE = frozenset({"embedding_backward", "_softmax", "softmax", "cross_entropy", "var_mean", "sum"})
+_WRITTEN_TAGS = frozenset({"REDUCTION_OP", "MATMUL_OP", "RANDOM_OP", "IN_PLACE", "COLLECTIVE"})
+
+
+def kernel_kind(bsym, tags: TagReader) -> str:
+    """The ``KernelKind`` of ``bsym`` inside a region."""
+    name = bsym.sym.name
+    if contraction_kind(name) or name in ("linear", "matmul"):
+        return KernelKind.EXTERN
+    if tags(bsym) & _WRITTEN_TAGS or name in _NOT_POINTWISE:
+        return KernelKind.OTHER
+    return KernelKind.POINTWISE
+
+
+def uses_op(bsym, names: tuple[str, ...]) -> bool:
+    """Whether ``bsym`` or any op of its decomposition is one of ``names``."""
+    if bsym.sym.name in names:
+        return True
+    return any(uses_op(sub, names) for sub in bsym.subsymbols)

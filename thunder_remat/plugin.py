@@ -136,6 +136,7 @@ def plan_joint_trace(trace, executor: RematFusionExecutor):
         return trace
     fusers = [ex for ex in stashed_now("executors") or () if isinstance(ex, FusionExecutor)]
     fusible = (lambda bsym: any(ex.can_fuse(bsym) for ex in fusers)) if fusers else None
+    kernels = next((m for m in (adapter_for(ex).kernel_model() for ex in fusers) if m is not None), None)
 
     ceiling = None
     if fusers and not zero3 and (config.budget is None
@@ -145,7 +146,8 @@ def plan_joint_trace(trace, executor: RematFusionExecutor):
         # peak budget walks no plan that saves more
         ceiling = lambda: _thunder_alone_bytes_now(trace)  # noqa: E731 (asked only if a kept contraction is fusible)
     with _collector_paused():
-        result = plan_saved_values(trace, config, zero3=zero3, fusible=fusible, ceiling=ceiling)
+        result = plan_saved_values(trace, config, zero3=zero3, fusible=fusible, kernels=kernels,
+                                   ceiling=ceiling)
     executor.saved_set_planned = result.status is not PassStatus.FAILED
     record_provenance(result.provenance())
     stash("save_result", result)

@@ -17,12 +17,13 @@ from dataclasses import dataclass
 
 from thunder.core.pytree import tree_flatten
 
+from thunder_remat.fusion_regions import KernelKind, KernelModel, kernel_kind, uses_op
 from thunder_remat.solvers.region_cuts import made_then_written, region_cuts
-from thunder_remat.trace_facts import forward_storages, in_place_destination, is_backward
+from thunder_remat.trace_facts import TagReader, forward_storages, in_place_destination, is_backward
 from thunder_remat.whole_graph.rewrite import CopySchedule
 from thunder_remat.storage import StorageMap
 
-__all__ = ["RegionModel", "estimate_peak_bytes", "estimate_schedule_peak", "predict_regions"]
+__all__ = ["RegionModel", "compiled_kernels", "estimate_peak_bytes", "estimate_schedule_peak", "predict_regions"]
 
 
 def estimate_peak_bytes(trace, regions: RegionModel | None = None) -> int:
@@ -41,22 +42,36 @@ class RegionModel:
     by ``solvers.region_cuts`` applied to the rewritten steps (what each reads and makes), as it
     will cut the built regions. So the cuts follow the plan: a value the backward recomputes is
     made inside a region, one it reads from the forward is an input the region holds.
+    ``kernels``: how the executor's compiler holds memory inside a region (None: each op frees
+    what it last reads, as unfused); then ``kinds[position]`` is the ``KernelKind`` the op there
+    becomes and ``heavy[position]`` whether it uses one of ``kernels.heavy_on_cpu`` on CPU.
     """
 
     fusible: tuple[bool, ...]
     backward: tuple[bool, ...]
     split: bool = True
+    kernels: KernelModel | None = None
+    kinds: tuple[str, ...] = ()
+    heavy: tuple[bool, ...] = ()
 
     @property
     def fuses_any(self) -> bool:
         return any(f and b for f, b in zip(self.fusible, self.backward))
 
 
-def predict_regions(trace, fusible, split: bool = True) -> RegionModel:
+def predict_regions(trace, fusible, split: bool = True, kernels: KernelModel | None = None) -> RegionModel:
     """The ``RegionModel`` of a joint trace: ``fusible`` is the fusion executor's ``can_fuse``
-    (Thunder fuses the joint trace after thunder_remat's rewrite)."""
+    (Thunder fuses the joint trace after thunder_remat's rewrite); ``kernels``: its adapter's
+    ``kernel_model()``."""
     bsyms = trace.bound_symbols
-    return RegionModel(tuple(bool(fusible(bsym)) for bsym in bsyms), tuple(is_backward(bsym) for bsym in bsyms), split)
+    fused = tuple(bool(fusible(bsym)) for bsym in bsyms)
+    kinds, heavy = (), ()
+    if kernels is not None:
+        tags = TagReader()
+        kinds = tuple(kernel_kind(bsym, tags) if f else None for bsym, f in zip(bsyms, fused))
+        heavy = tuple(bool(f and kernels.heavy_on_cpu and _on_cpu(bsym) and uses_op(bsym, kernels.heavy_on_cpu))
+                      for bsym, f in zip(bsyms, fused))
+    return RegionModel(fused, tuple(is_backward(bsym) for bsym in bsyms), split, kernels, kinds, heavy)
 
 
 def estimate_schedule_peak(schedule: CopySchedule, storages: StorageMap | None = None,
@@ -72,9 +87,9 @@ def estimate_schedule_peak(schedule: CopySchedule, storages: StorageMap | None =
     ``regions`` (``predict_regions``): the backward fusion regions the executor will form from the
     rewritten trace, cut as ``pairs.split`` will cut them. A region is one call that holds its
     inputs as arguments: what it reads from before it (saved values, gradients so far) lives until
-    it returns. Inside a region values are freed at their last use, as unfused, and its ops run in
-    order (``remat_keep_plan_order``; measured against torch.compile's CPU regions:
-    docs/whole-graph.md).
+    it returns. Inside a region its ops run in order (``remat_keep_plan_order``) and values are
+    freed at their last use, as unfused, unless ``regions.kernels`` models the executor's kernels
+    (``compiled_kernels``; measured against torch.compile's CPU regions: docs/whole-graph.md).
 
     ``detail``: return (peak, the step where it happens, {storage: (step allocated, step of last
     read, bytes)} of the storages alive there) instead of the peak alone.
@@ -106,6 +121,7 @@ def estimate_schedule_peak(schedule: CopySchedule, storages: StorageMap | None =
     step_makes: list[list] = []  # per step: the storages it allocates
     step_writes: list = []  # per step: the storage it writes in place, or None
     step_fused: list[bool] = []  # per step: it runs in a backward fusion region
+    step_position: list[int] = []  # per step: the position of the bound symbol it runs
 
     def run(position: int, sources: dict, copy: int | None, fused: bool) -> None:
         """One step: the bound symbol at ``position`` reading ``sources`` (input name -> copy
@@ -145,6 +161,7 @@ def estimate_schedule_peak(schedule: CopySchedule, storages: StorageMap | None =
         step_makes.append(made_now)
         step_writes.append(now.get(name, current.get(name) or owner.get(name, name)) if name else None)
         step_fused.append(fused)
+        step_position.append(position)
 
     fusible = regions.fusible if regions is not None else (False,) * len(bsyms)
     backward = regions.backward if regions is not None else (False,) * len(bsyms)
@@ -157,6 +174,11 @@ def estimate_schedule_peak(schedule: CopySchedule, storages: StorageMap | None =
         step += 1
     region_of = _step_regions(step_fused, step_reads, step_makes, step_writes, last_read, size,
                               regions is not None and regions.split)
+    if regions is not None and regions.kernels is not None:
+        kinds = [regions.kinds[p] if region >= 0 else None for p, region in zip(step_position, region_of)]
+        heavy = [regions.heavy[p] for p in step_position]
+        step_reads = compiled_kernels(regions.kernels, kinds, heavy, region_of, step_reads, step_makes, born,
+                                      last_read, size)
     region_steps: dict[int, list[int]] = {}  # region -> [first step, last step]
     read_in: dict = {}  # storage -> the regions that read it
     for at, region in enumerate(region_of):
@@ -203,6 +225,70 @@ def _step_regions(fused: list[bool], reads: list[list], makes: list[list], write
             if local in cuts:
                 region += 1
     return region_of
+
+
+def compiled_kernels(model: KernelModel, kinds: list, heavy: list[bool], region_of: list[int], reads: list[list],
+                     makes: list[list], born: dict, last_read: dict, size: dict) -> list[list]:
+    """Apply ``model`` to a walk of steps (``KernelModel`` says what it models): zero the size of
+    pointwise values computed inside their readers, make those readers read the values' inputs
+    instead, hold what each run of fused ops between extern kernels reads to the run's end and
+    allocate what it hands on at the run's start.
+
+    Per step: ``kinds`` its ``fusion_regions.KernelKind`` (None outside regions), ``heavy`` it uses
+    one of ``model.heavy_on_cpu`` on CPU, ``region_of`` its region (-1: none), ``reads`` and
+    ``makes`` the storages it reads and allocates. Returns the steps' reads, updated; ``born``,
+    ``last_read`` and ``size`` (storage -> step allocated, step of last read, bytes) are updated
+    in place.
+    """
+    readers: dict = {}
+    for at, read in enumerate(reads):
+        for storage in read:
+            readers.setdefault(storage, []).append(at)
+    reads = [list(read) for read in reads]
+    for at, kind in enumerate(kinds):
+        if kind != KernelKind.POINTWISE or not makes[at]:
+            continue
+        by = sorted({r for storage in makes[at] for r in readers.get(storage, ())})
+        if not by or any(region_of[r] != region_of[at] or kinds[r] == KernelKind.EXTERN for r in by):
+            continue  # handed out of the region, or read by a library call: written
+        inputs = reads[at]
+        if len(inputs) > model.accumulated_reads_threshold:
+            continue
+        if len(by) > 1 and (len(inputs) > model.reads_threshold or heavy[at]):
+            continue
+        for storage in makes[at]:
+            size[storage] = 0
+        for r in by:
+            for storage in inputs:
+                if storage not in reads[r]:
+                    reads[r].append(storage)
+                    readers.setdefault(storage, []).append(r)
+    for at, read in enumerate(reads):
+        for storage in read:
+            last_read[storage] = max(last_read.get(storage, at), at)
+    at = 0
+    while at < len(kinds):  # runs of fused ops between extern kernels
+        if kinds[at] in (None, KernelKind.EXTERN):
+            at += 1
+            continue
+        first = at
+        while at + 1 < len(kinds) and region_of[at + 1] == region_of[first] and kinds[at + 1] != KernelKind.EXTERN:
+            at += 1
+        for k in range(first, at + 1):
+            for storage in reads[k]:
+                if born.get(storage, -1) < first:
+                    last_read[storage] = max(last_read[storage], at)
+            for storage in makes[k]:
+                if last_read.get(storage, k) <= at:
+                    size[storage] = 0
+                else:
+                    born[storage] = first
+        at += 1
+    return reads
+
+
+def _on_cpu(op) -> bool:
+    return any(getattr(getattr(p, "device", None), "type", None) == "cpu" for p in op.flat_proxy_outs)
 
 
 def _peak_of(lifetimes: dict, steps: int) -> tuple[int, int, dict]:

@@ -154,17 +154,19 @@ def _measure(trace, problem: SaveProblem) -> dict[int, float]:
     return time_ops(candidates)
 
 
-def plan_saved_values(trace, config, *, zero3: bool = False, fusible=None, ceiling=None) -> SavePassResult:
+def plan_saved_values(trace, config, *, zero3: bool = False, fusible=None, kernels=None,
+                      ceiling=None) -> SavePassResult:
     """Solve and rewrite ``trace`` (a joint trace) according to ``config``; never raises for a bad trace.
 
     ``zero3``: the trace comes from FSDP ZeRO-3 and ``config.fsdp_regather`` is on: gathered
     parameters are re-gathered in the backward instead of saved. ``fusible``: whether one of the
     compilation's fusion executors can fuse a bound symbol (None: none fuses); step peaks are
     estimated for the regions each rewrite is expected to form, cut as ``pairs.split`` will cut
-    them (``peak.RegionModel``). ``ceiling``: () -> the activation bytes
-    Thunder alone saves for ``trace`` with the same executors, asked only where a region may take
-    an op the policies keep; a fraction budget then runs from the smallest plan (0.0) to the
-    fastest plan that saves no more than that (1.0).
+    them (``peak.RegionModel``); ``kernels``: how the executor's kernels hold memory inside a
+    region (a ``fusion_regions.KernelModel`` from its adapter; None: as unfused). ``ceiling``:
+    () -> the activation bytes Thunder alone saves for ``trace`` with the same executors, asked
+    only where a region may take an op the policies keep; a fraction budget then runs from the
+    smallest plan (0.0) to the fastest plan that saves no more than that (1.0).
     """
     result = SavePassResult(trace=trace, budget=config.budget, solver=config.solver)
     timings = result.timings
@@ -176,7 +178,7 @@ def plan_saved_values(trace, config, *, zero3: bool = False, fusible=None, ceili
                 problem = with_measured_costs(problem, _measure(trace, problem))
             result.problem = problem
         window = config.recompute_window or None
-        regions = predict_regions(trace, fusible, config.split_regions) if fusible is not None else None
+        regions = predict_regions(trace, fusible, config.split_regions, kernels) if fusible is not None else None
         peak_budget = config.budget is not None and BudgetKind(config.budget[0]) is BudgetKind.PEAK
         ceiling = _ask_ceiling(trace, problem, fusible, ceiling)
         with timings.stage("solve"):
