@@ -84,6 +84,7 @@ def test_the_estimate_holds_what_a_torch_compile_region_reads_until_it_returns()
     assert regions.fuses_any
     modelled = estimate_peak_bytes(plan.trace, regions)
     assert abs(modelled - peak) <= 0.05 * peak, (modelled, peak)
+    assert plan.peak_estimate == modelled  # the plugin planned with the adapter's kernel model
     assert estimate_peak_bytes(plan.trace) < modelled
 
 
