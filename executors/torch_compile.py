@@ -47,10 +47,17 @@ KEEP_ORDER_OPTIONS = {
 class TorchCompileAdapter(FusionAdapter):
     merges_same_computations = True
 
-    def kernel_model(self) -> KernelModel:
+    def kernel_model(self) -> KernelModel | None:
         """Inductor's rules for computing a pointwise value inside its readers (its ``realize_*``
         settings, as torch 2.11 reads them; on CPU a reused value using ``exp`` or ``sigmoid`` is
-        written), and its fused kernels allocating their outputs before they run."""
+        written), and its fused kernels allocating their outputs before they run.
+
+        None for an executor that forms regions only around ``required_ops`` (Thunder's
+        ``torchcompile_cat`` and ``torchcompile_xentropy``: the predicted regions, which take every
+        op it can fuse, are not its regions) or that builds its regions without Inductor (a
+        subclass replacing ``fuse``, as thunder_remat's eager executor does)."""
+        if self.executor.required_ops is not None or type(self.executor).fuse is not _tc.TorchCompileExecutor.fuse:
+            return None
         from torch._inductor import config as inductor_config
 
         return KernelModel(reads_threshold=int(inductor_config.realize_reads_threshold),

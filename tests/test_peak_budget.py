@@ -386,3 +386,21 @@ def test_a_pointwise_value_is_written_where_inductor_realizes_it(case):
     _, _, _, size = _kernel_walk([None, K.POINTWISE, K.EXTERN, K.OTHER, None], [False] * 5, [-1, 0, 0, 0, -1],
                                  [[], five, ["i0"], ["v"], []], [five, ["v"], ["m"], ["w"], []])
     assert size["v"] == 0
+
+
+@pytest.mark.unit
+def test_only_regions_inductor_compiles_are_walked_as_its_kernels():
+    """Thunder's torch.compile executor gives Inductor's kernel model, read from Inductor's config;
+    its subsets that form regions only around required ops, and thunder_remat's eager executor
+    (a torch.compile subclass that runs ops one by one), give none: their regions are walked as
+    unfused."""
+    from thunder.executors.torch_compile import torch_compile_cat_ex, torch_compile_ex
+    from torch._inductor import config as inductor_config
+
+    from thunder_remat.executors import adapter_for, fusion_executor_by_name
+
+    model = adapter_for(torch_compile_ex).kernel_model()
+    assert (model.reads_threshold, model.accumulated_reads_threshold) == (
+        inductor_config.realize_reads_threshold, inductor_config.realize_acc_reads_threshold)
+    assert adapter_for(torch_compile_cat_ex).kernel_model() is None
+    assert adapter_for(fusion_executor_by_name("eager")).kernel_model() is None

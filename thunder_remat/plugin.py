@@ -136,7 +136,9 @@ def plan_joint_trace(trace, executor: RematFusionExecutor):
         return trace
     fusers = [ex for ex in stashed_now("executors") or () if isinstance(ex, FusionExecutor)]
     fusible = (lambda bsym: any(ex.can_fuse(bsym) for ex in fusers)) if fusers else None
-    kernels = next((m for m in (adapter_for(ex).kernel_model() for ex in fusers) if m is not None), None)
+    # how the regions hold memory inside, where every fusion executor agrees on it (else as unfused)
+    models = {adapter_for(ex).kernel_model() for ex in fusers}
+    kernels = models.pop() if len(models) == 1 else None
 
     ceiling = None
     if fusers and not zero3 and (config.budget is None
