@@ -404,3 +404,24 @@ def test_only_regions_inductor_compiles_are_walked_as_its_kernels():
         inductor_config.realize_reads_threshold, inductor_config.realize_acc_reads_threshold)
     assert adapter_for(torch_compile_cat_ex).kernel_model() is None
     assert adapter_for(fusion_executor_by_name("eager")).kernel_model() is None
+
+
+@pytest.mark.jit
+def test_scatters_scans_and_reductions_are_kernels_whose_outputs_are_written():
+    """Inside a region an index_add, a cumsum or a reduction is never computed inside its readers
+    (Inductor writes their outputs), pointwise ops may be, matmuls are extern kernels."""
+    from thunder_remat.fusion_regions import KernelKind, kernel_kind
+    from thunder_remat.trace_facts import TagReader
+
+    def f(x, i, s, w):
+        return (x.index_add(0, i, s).exp() + x.softmax(-1) + x.cumsum(0)).sum() + (x @ w).sum()
+
+    jf = thunder.jit(f)
+    jf(torch.randn(4, 3), torch.tensor([0, 2]), torch.randn(2, 3), torch.randn(3, 3))
+    tags = TagReader()
+    kinds = [(b.sym.name, kernel_kind(b, tags)) for b in thunder.last_traces(jf)[0].bound_symbols
+             if b.sym.name not in ("unpack_trivial", "python_return")]
+    assert kinds == [("index_add", KernelKind.OTHER), ("exp", KernelKind.POINTWISE), ("_softmax", KernelKind.OTHER),
+                     ("add", KernelKind.POINTWISE), ("cumsum", KernelKind.OTHER), ("add", KernelKind.POINTWISE),
+                     ("sum", KernelKind.OTHER), ("matmul", KernelKind.EXTERN), ("sum", KernelKind.OTHER),
+                     ("add", KernelKind.POINTWISE)]

@@ -155,9 +155,11 @@ class KernelKind:
     OTHER = "other"  # a reduction, a scatter, a random op: fused, but always written
 
 
-#: ops whose decomposition carries no reduction tag but which reduce, scatter or pick
-_NOT_POINTWISE = frozenset({"embedding_backward", "_softmax", "softmax", "cross_entropy", "var_mean", "sum"})
 _WRITTEN_TAGS = frozenset({"REDUCTION_OP", "MATMUL_OP", "RANDOM_OP", "IN_PLACE", "COLLECTIVE"})
+#: ops (Thunder 0.2.6 names, anywhere in a decomposition) that scatter, scan or sort without a
+#: reduction tag: Inductor writes their outputs
+_WRITTEN_OPS = ("embedding_backward", "scatter", "scatter_add", "index_add", "index_put", "index_copy", "cumsum",
+                "sort", "argsort")
 
 
 def kernel_kind(bsym, tags: TagReader) -> str:
@@ -165,7 +167,7 @@ def kernel_kind(bsym, tags: TagReader) -> str:
     name = bsym.sym.name
     if contraction_kind(name) or name in ("linear", "matmul"):
         return KernelKind.EXTERN
-    if tags(bsym) & _WRITTEN_TAGS or name in _NOT_POINTWISE:
+    if tags(bsym) & _WRITTEN_TAGS or uses_op(bsym, _WRITTEN_OPS):
         return KernelKind.OTHER
     return KernelKind.POINTWISE
 
