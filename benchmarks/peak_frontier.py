@@ -310,16 +310,14 @@ def run_config(work: Workload, config: str, budget: float | None, reference, arg
         if plan is not None and plan.peak_estimate is not None:
             row.estimate = _mb(plan.peak_estimate)
         elif plan is not None and plan.trace is not None:
-            from thunder_remat.whole_graph.peak import estimate_peak_bytes, predict_regions
+            from thunder_remat.plugin import expected_regions
+            from thunder_remat.whole_graph.peak import estimate_peak_bytes
 
             regions = None
             if config == "thunder-tc":
                 from thunder.executors.torch_compile import torch_compile_ex
 
-                from thunder_remat.executors import adapter_for
-
-                regions = predict_regions(plan.trace, torch_compile_ex.can_fuse,
-                                          kernels=adapter_for(torch_compile_ex).kernel_model())
+                regions = expected_regions(plan.trace, [torch_compile_ex])
             row.estimate = _mb(estimate_peak_bytes(plan.trace, regions)) + "*"
         if plan is not None and plan.failure:
             row.note = f"plan failed: {plan.failure}"

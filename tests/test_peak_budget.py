@@ -9,7 +9,7 @@ import torch
 
 import thunder_remat
 from thunder_remat.inspect.measure import allocator_step_peak
-from thunder_remat.whole_graph.peak import estimate_peak_bytes, predict_regions
+from thunder_remat.whole_graph.peak import estimate_peak_bytes
 from thunder_remat.whole_graph.run import BudgetInfeasibleWarning
 
 def _step(name, executors=(), **options):
@@ -76,11 +76,10 @@ def test_the_estimate_holds_what_a_torch_compile_region_reads_until_it_returns()
     reorders it, which the estimate does not model: docs/whole-graph.md)."""
     from thunder.executors.torch_compile import torch_compile_ex
 
-    from thunder_remat.executors import adapter_for
+    from thunder_remat.plugin import expected_regions
 
     plan, peak, _ = _step("llama", [torch_compile_ex], remat_memory_budget=0.5, remat_split_regions=False)
-    regions = predict_regions(plan.trace, torch_compile_ex.can_fuse, split=False,
-                              kernels=adapter_for(torch_compile_ex).kernel_model())
+    regions = expected_regions(plan.trace, [torch_compile_ex], split=False)
     assert regions.fuses_any
     modelled = estimate_peak_bytes(plan.trace, regions)
     assert abs(modelled - peak) <= 0.05 * peak, (modelled, peak)
@@ -217,10 +216,9 @@ def test_a_cut_backward_region_frees_saved_values_early():
     for got, want in zip(grads, _eager_gradients("llama")):
         torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-4)
     assert cut_peak < whole_peak, (cut_peak, whole_peak)
-    from thunder_remat.executors import adapter_for
+    from thunder_remat.plugin import expected_regions
 
-    kernels = adapter_for(torch_compile_ex).kernel_model()
-    modelled = estimate_peak_bytes(cut.trace, predict_regions(cut.trace, torch_compile_ex.can_fuse, kernels=kernels))
+    modelled = estimate_peak_bytes(cut.trace, expected_regions(cut.trace, [torch_compile_ex]))
     assert abs(modelled - cut_peak) <= 0.10 * cut_peak, (modelled, cut_peak)
 
 

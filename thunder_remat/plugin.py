@@ -37,7 +37,7 @@ from thunder_remat.verify import verify
 from thunder_remat.whole_graph.run import SavePassResult, plan_saved_values
 
 __all__ = ["RematFusionExecutor", "RematTransform", "Remat", "resolve_config", "last_pair_pass", "last_save_plan",
-           "last_joint_trace", "thunder_alone_saved_bytes"]
+           "last_joint_trace", "thunder_alone_saved_bytes", "expected_regions"]
 
 EXECUTOR_NAME = "thunder_remat"
 
@@ -119,6 +119,24 @@ class RematFusionExecutor(FusionExecutor):
         return result.trace
 
 
+def _fusion_facts(fusers: list):
+    """(whether one of ``fusers`` can fuse a bound symbol, or None if there are none; how their
+    regions hold memory inside, where every fusion executor agrees on it, else None: as unfused)."""
+    if not fusers:
+        return None, None
+    models = {adapter_for(ex).kernel_model() for ex in fusers}
+    return (lambda bsym: any(ex.can_fuse(bsym) for ex in fusers)), (models.pop() if len(models) == 1 else None)
+
+
+def expected_regions(trace, executors, split: bool = True):
+    """The ``whole_graph.peak.RegionModel`` the plan of a compilation with ``executors`` expects
+    for ``trace`` (a joint trace, e.g. ``last_save_plan(jm).trace``); None if none of them fuses."""
+    from thunder_remat.whole_graph.peak import predict_regions
+
+    fusible, kernels = _fusion_facts([ex for ex in executors if isinstance(ex, FusionExecutor)])
+    return predict_regions(trace, fusible, split, kernels) if fusible is not None else None
+
+
 def plan_joint_trace(trace, executor: RematFusionExecutor):
     """The whole-graph pass on the joint trace, before any fusion executor sees it."""
     from thunder_remat.executors.fsdp import zero3_active
@@ -135,10 +153,7 @@ def plan_joint_trace(trace, executor: RematFusionExecutor):
     if not (config.enabled and config.whole_graph):
         return trace
     fusers = [ex for ex in stashed_now("executors") or () if isinstance(ex, FusionExecutor)]
-    fusible = (lambda bsym: any(ex.can_fuse(bsym) for ex in fusers)) if fusers else None
-    # how the regions hold memory inside, where every fusion executor agrees on it (else as unfused)
-    models = {adapter_for(ex).kernel_model() for ex in fusers}
-    kernels = models.pop() if len(models) == 1 else None
+    fusible, kernels = _fusion_facts(fusers)
 
     ceiling = None
     if fusers and not zero3 and (config.budget is None
