@@ -102,9 +102,10 @@ def test_the_estimate_holds_what_a_torch_compile_region_reads_until_it_returns()
     dict(reads=[("s1",), ("s2",), ("x",)], makes=[("g1",), ("g2",), ("y",)],
          sizes={"s1": 100, "s2": 100, "g1": 500, "g2": 500, "y": 300}, freeable={"s1", "s2"},
          outputs={"g1", "g2", "y"}, cuts=[0, 1]),
-    # freeing lowers the peak only under what the rest of the region makes: a view makes nothing
-    dict(reads=[("s1",), ("g1",)], makes=[("g1",), ("t",)], sizes={"s1": 100, "g1": 500, "t": 500},
-         freeable={"s1"}, outputs={"g1", "t"}, views={"t"}, cuts=[]),
+    # freeing lowers the peak only under what the rest of the region allocates: a view of g1
+    # allocates nothing (storages: it reads g1, makes none)
+    dict(reads=[("s1",), ("g1",)], makes=[("g1",), ()], sizes={"s1": 100, "g1": 500},
+         freeable={"s1"}, outputs={"g1"}, cuts=[]),
     # ops kept apart: what the first result would hold counts as freed at the last place a cut can
     # go, against what crosses there (c): worth it at 150 B, not at 100 B
     dict(reads=[("x",), ("a",), ("b",), ("x",), ("c", "a2")], makes=[("a",), ("b",), ("c",), ("a2",), ("d",)],
@@ -132,7 +133,7 @@ def test_region_cuts_case_table(case):
     from thunder_remat.solvers.region_cuts import region_cuts
 
     assert region_cuts(case["reads"], case["makes"], case["sizes"], case["freeable"], case["outputs"],
-                       case.get("views", frozenset()), case.get("apart", ()), case.get("fixed", frozenset())) \
+                       case.get("apart", ()), case.get("fixed", frozenset())) \
         == case["cuts"]
 
 
@@ -169,6 +170,39 @@ def test_a_value_computed_twice_in_a_region_is_kept_apart_when_the_first_dies_be
     assert region_cut_positions(bsyms[:7], [x], {d.name}, held={x.name}, keep_apart=False) == []
     # when the first result is read after the second is made, computing it once holds nothing more
     assert to_keep_apart(bsyms[:7], {a.name, d.name}) == [(2, 4, 2048)]
+
+
+@pytest.mark.unit
+def test_a_region_input_that_views_an_earlier_value_frees_nothing_until_that_value_is_last_read():
+    """A region reading a view of a value made before it (a reshape of a recomputed activation)
+    frees that value's storage only after the last read of the value or any view of it. Read by
+    names, the view's last read looks like a free: the split cut there and the estimate, which
+    reads storages, did not (Gemma-2 at 0.0: a region then held more for longer, 11% above the
+    estimate)."""
+    import thunder.torch as ltorch
+    from thunder.core.trace import TraceCtx, tracectx
+
+    from builders import tensor
+    from thunder_remat.fusion_regions import region_cut_positions
+    from thunder_remat.storage import storage_map
+
+    trace = TraceCtx()
+    with tracectx(trace):
+        x = tensor("x", 64, 8)
+        s = ltorch.exp(x)                    # before the region: 2048 B
+        v = ltorch.reshape(s, (8, 64))       # a view of it
+        a = ltorch.sum(v, 1)                 # region 0: the view's last read
+        c = ltorch.mul(x, ltorch.sum(a, 0))  # region 1, 2: 2048 B
+        d = ltorch.add(c, s)                 # region 3: the value's last read
+    bsyms = trace.bound_symbols
+    region = bsyms[2:]
+    whole = storage_map(bsyms, [x])
+    assert region_cut_positions(region, [v, s, x], {d.name}, held={x.name}, keep_apart=False,
+                                storages=whole) == []
+    # were the view its own storage, its last read would free 2048 B under the 2 x 2048 B to come
+    alone = storage_map(region, [v, s, x])
+    assert region_cut_positions(region, [v, s, x], {d.name}, held={x.name}, keep_apart=False,
+                                storages=alone) == [0]
 
 
 @pytest.mark.unit

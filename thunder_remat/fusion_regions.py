@@ -14,7 +14,7 @@ from thunder.core.pytree import tree_flatten
 
 from thunder_remat.cost import value_bytes
 from thunder_remat.solvers.region_cuts import made_then_written, region_cuts
-from thunder_remat.storage import storage_map
+from thunder_remat.storage import StorageMap, storage_map
 from thunder_remat.policies import contraction_kind
 from thunder_remat.trace_facts import TagReader, in_place_destination
 
@@ -70,7 +70,8 @@ def same_computations(bsyms: Sequence) -> list[tuple[int, int]]:
 
 
 def region_cut_positions(bsyms: Sequence, inputs: Sequence, outputs: set[str], held: set[str],
-                         keep_apart: bool, names: RegionNames | None = None) -> list[int]:
+                         keep_apart: bool, names: RegionNames | None = None,
+                         storages: StorageMap | None = None) -> list[int]:
     """Positions after which ``solvers.region_cuts`` cuts a region running ``bsyms``.
 
     ``inputs``: the region's input proxies; ``outputs``: names of what it returns (or what is read
@@ -79,15 +80,35 @@ def region_cut_positions(bsyms: Sequence, inputs: Sequence, outputs: set[str], h
     the result between them (``FusionAdapter.merges_same_computations``): what it would hold
     counts toward cutting between them (``to_keep_apart``). Never cut between the op that makes
     a storage and an in-place write into it (``written_after_made``). ``names``: the
-    ``region_names`` of ``bsyms`` when the caller has them.
+    ``region_names`` of ``bsyms`` when the caller has them. ``storages``: the storage map of the
+    whole trace the region is part of, so that an input that is a view of another value (made
+    before the region) holds that value's storage, as the step-peak estimate counts it; without
+    it the region's inputs own their storages.
+
+    The rule sees storages, not names: a value and its views are one storage, made once and freed
+    after the last read of any of them.
     """
     names = names if names is not None else region_names(bsyms)
-    sizes = {name: value_bytes(p) for name, p in names.proxies.items() if isinstance(p, TensorProxy)}
-    storages = storage_map(list(bsyms), list(inputs))
-    views = {name for name in sizes if storages.owner_of(name) != name}
-    freeable = {p.name for p in inputs} - held
+    storages = storages if storages is not None else storage_map(list(bsyms), list(inputs))
+    owner_of = storages.owner_of
+    held_storages = {owner_of(name) for name in held}
+    sizes: dict[str, int] = {}
+    for name, p in names.proxies.items():
+        if isinstance(p, TensorProxy):
+            owner = owner_of(name)
+            sizes.setdefault(owner, storages.owner_bytes.get(owner) or value_bytes(p))
+    tensors = {name for name, p in names.proxies.items() if isinstance(p, TensorProxy)}
+    reads = [tuple(dict.fromkeys(owner_of(n) for n in row if n in tensors and owner_of(n) not in held_storages))
+             for row in names.reads]
+    made: set[str] = set()
+    makes = []
+    for row in names.makes:
+        fresh = [n for n in row if n in tensors and owner_of(n) == n and n not in made]
+        made.update(fresh)
+        makes.append(tuple(fresh))
+    freeable = {owner_of(p.name) for p in inputs} - held_storages
     apart = to_keep_apart(bsyms, outputs) if keep_apart else ()
-    return region_cuts(names.reads, names.makes, sizes, freeable, outputs, views, apart,
+    return region_cuts(reads, makes, sizes, freeable, {owner_of(n) for n in outputs}, apart,
                        written_after_made(bsyms, storages))
 
 

@@ -19,7 +19,7 @@ from thunder_remat.policies import OpFacts
 from thunder_remat.storage import StorageMap, storage_map
 
 __all__ = ["collective_name", "is_backward", "is_backward_region", "reads_forward_values", "is_joint_trace",
-           "split_joint", "ThunderSplit", "thunder_split", "forward_storages", "STALE_WRITE",
+           "loss_outputs", "split_joint", "ThunderSplit", "thunder_split", "forward_storages", "STALE_WRITE",
            "in_place_destination", "in_place_writes", "leaf_ops", "TagReader", "op_facts", "TraceNames", "trace_names"]
 
 _COLLECTIVE_NAMES = frozenset({"all_gather", "all_reduce", "reduce_scatter", "broadcast", "wait", "synchronize",
@@ -54,6 +54,16 @@ def is_joint_trace(trace) -> bool:
         return False
     ret = bsyms[-1].args[0] if bsyms[-1].args else None
     return isinstance(ret, dict) and "fw_flat_out" in ret and any(is_backward(b) for b in bsyms)
+
+
+def loss_outputs(trace) -> set[str]:
+    """Names of the forward outputs a joint trace returns. They go to the caller's loss, which
+    consumes them before the backward starts, so the step's return does not hold them through the
+    backward (the step-peak estimate and the region cuts both take it so)."""
+    ret = trace.bound_symbols[-1].args[0] if trace.bound_symbols and trace.bound_symbols[-1].args else None
+    if not (isinstance(ret, dict) and "fw_flat_out" in ret):
+        return set()
+    return {p.name for p in tree_flatten(ret["fw_flat_out"])[0] if hasattr(p, "name")}
 
 
 def split_joint(trace):

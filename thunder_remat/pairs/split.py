@@ -20,7 +20,8 @@ from collections.abc import Callable
 from thunder.core.pytree import tree_flatten
 
 from thunder_remat.fusion_regions import region_cut_positions, region_names
-from thunder_remat.trace_facts import is_backward_region
+from thunder_remat.storage import storage_map
+from thunder_remat.trace_facts import is_backward_region, loss_outputs
 
 __all__ = ["split_backward_regions"]
 
@@ -32,18 +33,35 @@ def split_backward_regions(trace, adapter_for: Callable, fusion_counter: Callabl
     their ops in order (``FusionAdapter.keep_plan_order``), so no executor merges two equal
     computations and no cut is needed to keep them apart."""
     # the function's arguments and parameters are held anyway: a cut frees nothing of theirs
-    held = {p.name for p in tree_flatten((trace.args, trace.kwargs))[0] if hasattr(p, "name")}
+    arguments = [p for p in tree_flatten((trace.args, trace.kwargs))[0] if hasattr(p, "name")]
+    held = {p.name for p in arguments}
     bsyms = list(trace.bound_symbols)
+    # one storage map of the whole trace, regions read op by op: a value that is a view of one
+    # made earlier (in the region or before it) holds that value's storage, as the step-peak
+    # estimate counts it
+    storages = storage_map([op for bsym in bsyms for op in (bsym.subsymbols if bsym.sym.is_fusion else (bsym,))],
+                           arguments)
+    last_reader: dict[str, int] = {}  # storage -> position of the last bound symbol reading it
+    to_loss = loss_outputs(trace)
+    for position, bsym in enumerate(bsyms):
+        for p in bsym.flat_proxy_args:
+            if position < len(bsyms) - 1 or p.name not in to_loss:
+                last_reader[storages.owner_of(p.name)] = position
     counters: dict[object, int] = {}
     for bsym in bsyms:
         if bsym.sym.is_fusion:
             ex = bsym.sym.executor
             counters[ex] = max(counters.get(ex, -1), fusion_counter(bsym.sym.name))
     out, done = [], []
-    for bsym in bsyms:
+    for position, bsym in enumerate(bsyms):
         adapter = adapter_for(bsym.sym.executor) if bsym.sym.is_fusion else None
         merges = adapter is not None and adapter.merges_same_computations and not order_kept
-        pieces = _pieces(bsym, held, merges) if adapter and is_backward_region(bsym) else None
+        pieces = None
+        if adapter and is_backward_region(bsym):
+            # an input read again after the region lives on: a cut cannot free it either
+            read_later = {p.name for p in bsym.flat_proxy_args
+                          if last_reader.get(storages.owner_of(p.name), -1) > position}
+            pieces = _pieces(bsym, held | read_later, merges, storages)
         if not pieces:
             out.append(bsym)
             continue
@@ -54,13 +72,13 @@ def split_backward_regions(trace, adapter_for: Callable, fusion_counter: Callabl
     return out, done
 
 
-def _pieces(region, held: set[str], keep_apart: bool):
+def _pieces(region, held: set[str], keep_apart: bool, storages):
     """(inputs, outputs, bound symbols) of each piece of ``region``, or None when it is not cut."""
     subs = list(region.subsymbols)
     names = region_names(subs)
     proxies, reads, makes = names.proxies, names.reads, names.makes
     returned = [p.name for p in region.flat_proxy_outs]
-    cuts = region_cut_positions(subs, region.flat_proxy_args, set(returned), held, keep_apart, names)
+    cuts = region_cut_positions(subs, region.flat_proxy_args, set(returned), held, keep_apart, names, storages)
     if not cuts:
         return None
     bounds = [0, *(k + 1 for k in cuts), len(subs)]

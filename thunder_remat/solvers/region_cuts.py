@@ -32,14 +32,14 @@ __all__ = ["region_cuts", "made_then_written"]
 
 def region_cuts(reads: Sequence[Sequence[str]], makes: Sequence[Sequence[str]], sizes: Mapping[str, int],
                 freeable: frozenset[str] | set[str], outputs: frozenset[str] | set[str],
-                views: frozenset[str] | set[str] = frozenset(),
                 apart: Sequence[tuple[int, int, int]] = (), fixed: frozenset[int] | set[int] = frozenset()) -> list[int]:
     """Positions ``k`` (0-based, in op order) after which to cut a region of ``len(reads)`` ops.
 
-    ``reads``/``makes``: the names each op reads and makes; ``sizes``: bytes per name (0 if
-    absent); ``freeable``: the region's inputs whose memory is freed once nothing reads them (not
-    parameters or other values held anyway); ``outputs``: what the region returns (alive after it);
-    ``views``: values that share another's storage (they allocate nothing); ``apart``: triples
+    ``reads``/``makes``: the storages each op reads and allocates (a view reads its base and
+    allocates nothing; a value and its views are one storage, freed after the last read of any of
+    them); ``sizes``: bytes per storage (0 if absent); ``freeable``: the region's inputs whose
+    memory is freed once nothing reads them (not parameters or other storages held anyway);
+    ``outputs``: what the region returns (alive after it); ``apart``: triples
     ``(i, j, bytes)``, ``i < j``: a cut after op ``i`` and before op ``j`` frees ``bytes`` (weighed
     at the latest position between that ``fixed`` allows; none: the pair is dropped); ``fixed``:
     positions after which no cut may fall.
@@ -66,7 +66,7 @@ def region_cuts(reads: Sequence[Sequence[str]], makes: Sequence[Sequence[str]], 
                 crossing[end] -= sizes.get(name, 0)
     rest = [0] * (n + 1)  # bytes the ops after k make: what freed memory would otherwise sit under
     for k in range(n - 1, -1, -1):
-        rest[k] = rest[k + 1] + sum(sizes.get(name, 0) for name in makes[k] if name not in views)
+        rest[k] = rest[k + 1] + sum(sizes.get(name, 0) for name in makes[k])
     due: dict[int, list[tuple[int, int]]] = {}  # k -> (i, bytes) of pairs whose last chance is a cut at k
     for i, j, nbytes in apart:
         at = next((k for k in range(min(j, n - 1) - 1, max(i, 0) - 1, -1) if k not in fixed), None)

@@ -15,11 +15,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from thunder.core.pytree import tree_flatten
-
 from thunder_remat.fusion_regions import KernelKind, KernelModel, kernel_kind, uses_op
 from thunder_remat.solvers.region_cuts import made_then_written, region_cuts
-from thunder_remat.trace_facts import TagReader, forward_storages, in_place_destination, is_backward
+from thunder_remat.trace_facts import TagReader, forward_storages, in_place_destination, is_backward, loss_outputs
 from thunder_remat.whole_graph.rewrite import CopySchedule
 from thunder_remat.storage import StorageMap
 
@@ -108,17 +106,14 @@ def estimate_schedule_peak(schedule: CopySchedule, storages: StorageMap | None =
     copy_owner: dict = {}  # (copy number, output name) -> its storage
     current: dict = {}  # value -> its storage, where a view now views a copy
 
-    # The forward's outputs go to the loss, which consumes them before the backward starts: the
-    # step's return holds only what the backward returns (the gradients).
+    # the step's return holds only what the backward returns (the gradients)
     last = len(trace.bound_symbols) - 1
-    handed = trace.bound_symbols[last].args[0] if trace.bound_symbols[last].args else None
-    to_loss = set()
-    if isinstance(handed, dict) and "fw_flat_out" in handed:
-        to_loss = {p.name for p in tree_flatten(handed["fw_flat_out"])[0] if hasattr(p, "name")}
+    to_loss = loss_outputs(trace)
     returned = tuple(n for n in tensor_reads[last] if n not in to_loss)
     bsyms = trace.bound_symbols
     step_reads: list[list] = []  # per step: the storages it reads (not held ones)
     step_makes: list[list] = []  # per step: the storages it allocates
+    step_outs: list[list] = []  # per step: the storages its outputs are on (views included)
     step_writes: list = []  # per step: the storage it writes in place, or None
     step_fused: list[bool] = []  # per step: it runs in a backward fusion region
     step_position: list[int] = []  # per step: the position of the bound symbol it runs
@@ -129,7 +124,7 @@ def estimate_schedule_peak(schedule: CopySchedule, storages: StorageMap | None =
         makes, or None; ``fused``: it runs in a backward fusion region."""
         reads = tensor_reads[position] if position != last else returned
         now = {}
-        read_now, made_now = [], []
+        read_now, made_now, out_now = [], [], []
         for name in reads:
             k = sources.get(name)
             now[name] = copy_owner[(k, name)] if k is not None else current.get(name) or owner.get(name, name)
@@ -147,6 +142,7 @@ def estimate_schedule_peak(schedule: CopySchedule, storages: StorageMap | None =
             else:
                 storage = original
                 size[storage] = sizes.get(original, 0)
+            out_now.append(storage)
             if copy is not None:
                 copy_owner[(copy, name)] = storage
             elif storage != original:
@@ -159,6 +155,7 @@ def estimate_schedule_peak(schedule: CopySchedule, storages: StorageMap | None =
         name = getattr(destination, "name", None)
         step_reads.append(read_now)
         step_makes.append(made_now)
+        step_outs.append(out_now)
         step_writes.append(now.get(name, current.get(name) or owner.get(name, name)) if name else None)
         step_fused.append(fused)
         step_position.append(position)
@@ -172,7 +169,7 @@ def estimate_schedule_peak(schedule: CopySchedule, storages: StorageMap | None =
             step += 1
         run(position, schedule.reads.get(position, {}), None, fusible[position] and backward[position])
         step += 1
-    region_of = _step_regions(step_fused, step_reads, step_makes, step_writes, last_read, size,
+    region_of = _step_regions(step_fused, step_reads, step_makes, step_outs, step_writes, last_read, size,
                               regions is not None and regions.split)
     if regions is not None and regions.kernels is not None:
         kinds = [regions.kinds[p] if region >= 0 else None for p, region in zip(step_position, region_of)]
@@ -197,8 +194,8 @@ def estimate_schedule_peak(schedule: CopySchedule, storages: StorageMap | None =
     return _peak_of(lifetimes, step)[0] if not detail else _peak_of(lifetimes, step)
 
 
-def _step_regions(fused: list[bool], reads: list[list], makes: list[list], writes: list, last_read: dict,
-                  size: dict, split: bool) -> list[int]:
+def _step_regions(fused: list[bool], reads: list[list], makes: list[list], outs: list[list], writes: list,
+                  last_read: dict, size: dict, split: bool) -> list[int]:
     """The region each step runs in (-1: none): runs of consecutive fused steps, each cut where
     ``solvers.region_cuts`` cuts it (``split``), reading storages as a built region reads names."""
     region_of = [-1] * len(fused)
@@ -213,10 +210,14 @@ def _step_regions(fused: list[bool], reads: list[list], makes: list[list], write
         cuts: set[int] = set()
         if split and k - start > 1:
             made = {storage for at in range(start, k) for storage in makes[at]}
-            inputs = {storage for at in range(start, k) for storage in reads[at] if storage not in made}
+            # the run's inputs no later step reads: a cut can free them
+            inputs = {storage for at in range(start, k) for storage in reads[at]
+                      if storage not in made and last_read[storage] < k}
             outputs = {storage for storage in made if last_read[storage] >= k}
             run_makes = [makes[at] for at in range(start, k)]
-            fixed = made_then_written(run_makes, writes[start:k])  # never between a storage's maker and a write into it
+            # never between the first op in the run that makes a storage or a view of it and a
+            # write into it (``fusion_regions.written_after_made``)
+            fixed = made_then_written(outs[start:k], writes[start:k])
             cuts = set(region_cuts([reads[at] for at in range(start, k)], run_makes, size, inputs, outputs,
                                    fixed=fixed))
         region += 1
