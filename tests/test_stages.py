@@ -168,6 +168,37 @@ def test_pair_analysis_pins_what_the_policies_keep():
     assert "x" in problem.producer_inputs and v["e"].name not in problem.pinned
 
 
+def test_with_a_save_plan_pairs_into_backward_regions_are_left_as_the_plan_placed_them():
+    """The backward split into two regions by an op the executor does not fuse (a sum). Without a
+    whole-graph plan the pair pass recomputes in the second backward region. With one, pairs from
+    the forward into the backward are kept (the plan chose what is saved); with a plan below the
+    fastest, which placed the backward's values and chose them by their estimated peak with these
+    regions, pairs between backward regions are kept too; forward -> forward pairs are solved."""
+    from thunder.core.prims import PrimIDs
+
+    from thunder_remat.executors.eager import make_eager_executor
+
+    trace, _ = reduction_joint_trace()
+    regions = fused(trace, make_eager_executor("no_sum", exclude={"torch.sum", PrimIDs.SUM}))
+    names = [b.sym.name for b in regions.bound_symbols if b.sym.is_fusion]
+    assert len(names) == 4  # exp | sum | mul ; backward: mul mul | sum | add mul
+
+    def statuses(**planned):
+        result = rematerialize_fusion_pairs(regions, RematConfig(), adapter_for=adapter_for, finalize=_finalize,
+                                            **planned)
+        return {(p.producer, p.consumer): p.status for p in result.pairs}, result.trace
+
+    free, _ = statuses()
+    saved, _ = statuses(saved_set_planned=True)
+    placed, placed_trace = statuses(saved_set_planned=True, backward_planned=True)
+    kept = PairStatus.KEPT_FOR_SAVE_PLAN
+    assert free[(names[2], names[3])] is PairStatus.REWRITTEN
+    assert saved == {**free, (names[0], names[2]): kept, (names[0], names[3]): kept}
+    assert placed == {**saved, (names[2], names[3]): kept}
+    assert free[(names[0], names[1])] is not kept
+    assert describe(placed_trace) == describe(regions)
+
+
 def test_pair_pass_golden_records_and_verified():
     trace, v = reduction_joint_trace()
     regions = fused(trace)

@@ -75,32 +75,38 @@ class RematFusionExecutor(FusionExecutor):
         Then every region is set to run in the rewritten order (``remat_keep_plan_order``)."""
         if not self.config.enabled:
             return trace
-        keep_order = self._keeps_plan_order()
-        trace = self._pairs_and_cuts(trace, keep_order)
+        below_fastest = self._planned_below_fastest()
+        keep_order = self.config.keep_plan_order and below_fastest
+        trace = self._pairs_and_cuts(trace, keep_order, below_fastest)
         if keep_order:
             for bsym in trace.bound_symbols:
                 if bsym.sym.is_fusion:
                     adapter_for(bsym.sym.executor).keep_plan_order(bsym)
         return trace
 
-    def _keeps_plan_order(self) -> bool:
-        """``remat_keep_plan_order`` applies to a plan below the fastest (chosen by a fraction under
-        1.0 or a peak budget): there the rewrite recomputes values for far readers, which a compiler that
-        reorders would compute early and hold. At the fastest plan the regions compile as Thunder
-        compiles them (measured, the settings cost up to 9% of the peak there: docs/benchmarks.md)."""
+    @staticmethod
+    def _planned_below_fastest() -> bool:
+        """The whole-graph plan is below the fastest (chosen by a fraction under 1.0 or a peak
+        budget): the user asked for memory, the rewrite recomputes values for far readers and the
+        plan's regions were chosen by their estimated peak. Then the regions run in the rewritten
+        order (``remat_keep_plan_order``: a compiler that reorders would compute early and hold
+        what the plan recomputes late) and no pair into a backward region is rewritten (it would
+        hold what the estimate did not count). At the fastest plan the regions compile as Thunder
+        compiles them (measured, the order settings cost up to 9% of the peak there:
+        docs/benchmarks.md) and the pair pass cuts the bytes crossing between backward regions."""
         result = stashed_now("save_result")
         choice = result.choice if result is not None else None
-        below_fastest = (choice is not None and choice.frontier is not None
-                         and choice.plan.recomputed != choice.frontier.fastest.recomputed)
-        return self.config.keep_plan_order and below_fastest
+        return (choice is not None and choice.frontier is not None
+                and choice.plan.recomputed != choice.frontier.fastest.recomputed)
 
-    def _pairs_and_cuts(self, trace, keep_order: bool):
+    def _pairs_and_cuts(self, trace, keep_order: bool, below_fastest: bool):
         if not (self.config.fusion_pairs or self.config.split_regions):
             return trace
         with _collector_paused():
             if self.config.fusion_pairs:
                 result = rematerialize_fusion_pairs(trace, self.config, adapter_for=adapter_for, finalize=_finalize,
-                                                    saved_set_planned=self.saved_set_planned)
+                                                    saved_set_planned=self.saved_set_planned,
+                                                    backward_planned=self.saved_set_planned and below_fastest)
             else:
                 result = PairPassResult(trace)
             if self.config.split_regions:

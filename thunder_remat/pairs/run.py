@@ -37,8 +37,10 @@ class PairStatus(enum.Enum):
     #: analysis, solve or rewrite failed for this pair (``failure`` says why); it is left as it was
     FAILED = "failed"
     #: a forward region feeding a backward one while the whole-graph pass chose what the forward
-    #: saves: recomputing in the backward region would change that choice, so the pair is kept
-    KEPT_FOR_SAVE_PLAN = "kept: forward -> backward, the whole-graph plan chose what is saved"
+    #: saves (recomputing in the backward region would change that choice), or any region feeding
+    #: a backward one while a plan below the fastest placed the backward's values and estimated
+    #: its peak with these regions (recomputing would hold what the estimate did not count)
+    KEPT_FOR_SAVE_PLAN = "kept: into a backward region, the whole-graph plan placed its values"
 
 
 @dataclass(frozen=True)
@@ -133,6 +135,7 @@ def rematerialize_fusion_pairs(
     adapter_for: Callable,
     finalize: Callable,
     saved_set_planned: bool = False,
+    backward_planned: bool = False,
 ) -> PairPassResult:
     """Run the pass on ``trace``.
 
@@ -140,7 +143,10 @@ def rematerialize_fusion_pairs(
     ``finalize(trace, bsyms)`` builds the output trace (dead-code elimination included).
     ``saved_set_planned``: the whole-graph pass chose what the forward saves for this trace;
     pairs from a forward region into a backward region are then left as they are, so that the
-    forward hands the backward exactly the plan's values.
+    forward hands the backward exactly the plan's values. ``backward_planned``: the plan, below
+    the fastest, also placed where the backward computes each value and chose it by its estimated
+    peak; pairs between backward regions are left as they are too, so that the regions hold what
+    the estimate counted.
     """
     bsyms = list(trace.bound_symbols)
     result = PairPassResult(trace)
@@ -160,7 +166,8 @@ def rematerialize_fusion_pairs(
         if not any(o.name in consumer_reads for o in producer.flat_proxy_outs):
             continue
         name = f"{producer.sym.name} -> {consumer.sym.name}"
-        if saved_set_planned and not is_backward_region(producer) and is_backward_region(consumer):
+        if is_backward_region(consumer) and (backward_planned or (saved_set_planned
+                                                                 and not is_backward_region(producer))):
             result.pairs.append(PairRecord(producer.sym.name, consumer.sym.name, PairStatus.KEPT_FOR_SAVE_PLAN))
             continue
         try:
