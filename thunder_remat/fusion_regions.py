@@ -92,12 +92,10 @@ def region_cut_positions(bsyms: Sequence, inputs: Sequence, outputs: set[str], h
     storages = storages if storages is not None else storage_map(list(bsyms), list(inputs))
     owner_of = storages.owner_of
     held_storages = {owner_of(name) for name in held}
-    sizes: dict[str, int] = {}
-    for name, p in names.proxies.items():
-        if isinstance(p, TensorProxy):
-            owner = owner_of(name)
-            sizes.setdefault(owner, storages.owner_bytes.get(owner) or value_bytes(p))
-    tensors = {name for name, p in names.proxies.items() if isinstance(p, TensorProxy)}
+    tensors = {name: p for name, p in names.proxies.items() if isinstance(p, TensorProxy)}
+    sizes: dict[str, int] = {}  # storage -> its bytes
+    for name, p in tensors.items():
+        sizes.setdefault(owner_of(name), storages.owner_bytes.get(owner_of(name)) or value_bytes(p))
     reads = [tuple(dict.fromkeys(owner_of(n) for n in row if n in tensors and owner_of(n) not in held_storages))
              for row in names.reads]
     made: set[str] = set()
