@@ -84,6 +84,43 @@ def test_peak_estimate_of_a_schedule_is_that_of_the_trace_it_builds():
     assert estimate_schedule_peak(schedule) == estimate_peak_bytes(build(schedule)) > 0
 
 
+def test_copies_made_for_one_reader_are_all_read_by_it():
+    """A backward reader of two recomputed values, one made from the other through a chain of
+    cheap ops longer than the reuse window: the chain is copied once, before the reader, and
+    every copy is read (the window counts from a copy's last reader, not from the copies the
+    same reader needed first)."""
+    import thunder.torch as ltorch
+
+    from builders import joint_trace
+    from thunder_remat.whole_graph.rewrite import schedule_copies
+
+    chain = {}
+
+    def forward(x):
+        a = ltorch.exp(x)
+        b = ltorch.sin(a)
+        c = ltorch.cos(b)
+        d = ltorch.exp(c)
+        e = ltorch.sin(d)
+        chain.update(a=a, b=b, c=c, d=d, e=e)
+        return ltorch.mul(e, 2.0)
+
+    def backward(x, out, g):
+        return (ltorch.mul(g, ltorch.mul(chain["d"], chain["e"])),)
+
+    trace = joint_trace(forward, backward, [("x", 4, 8)])
+    ops = [i for i, b in enumerate(trace.bound_symbols) if b.flat_proxy_outs and
+           b.flat_proxy_outs[0].name in {v.name for v in chain.values()}]
+    assert len(ops) == 5
+    schedule = schedule_copies(trace, ops, window=1, cheap=frozenset(ops))
+    assert schedule.emitted == ops  # each op once, in forward order
+    read = {k for copy_inputs in (inputs for _, inputs in schedule.copies) for k in copy_inputs.values()}
+    read |= {k for reads in schedule.reads.values() for k in reads.values()}
+    assert read == set(range(len(ops)))
+    built = build(schedule)
+    assert verify(trace, built) == []
+
+
 def test_schedules_of_one_trace_share_its_names():
     """A schedule made with the trace's names read once is the one made without them, and its
     peak estimate reads them (checkpoint candidates share one record)."""

@@ -153,18 +153,23 @@ def schedule_copies(trace, recomputed_indices, *, window: int | None = None, che
     try:
         placed = 0  # bound symbols of the trace before ``position``: the rewritten length is placed + copies
         readers = [p for p in names.backward_readers if any(n in producer_index for n in names.reads[p])]
+        # Every copy placed before one reader is read there: each is emitted at the reader's
+        # position as it was before them (``at``), so a reader of two values, or of one value
+        # twice, never finds the copy it made for its first read stale at its second.
         if early and checkpoints and readers:
             length, placed = readers[0], readers[0]
+            at = length
             for i in sorted(checkpoints[0]):
-                emit(i, length)
+                emit(i, at)
         for position in names.backward_readers:
             length += position - placed
             placed = position
+            at = length
             reads = {}
             for name in names.reads[position]:
                 j = producer_index.get(name)
                 if j is not None:
-                    reads[name] = emit(j, length)
+                    reads[name] = emit(j, at)
             if pending:
                 schedule.before[position] = list(pending)
                 pending.clear()
