@@ -3,7 +3,7 @@
 For each depth (the built-in GPT at its tiny width: 16 wide, 2 heads, 8 tokens, batch 2) and each
 budget, one fresh ``thunder.jit`` and its first forward+backward call, timed; Thunder alone is timed
 twice, as it ships and with the linear-time stand-ins for its two quadratic helpers that
-thunder_remat uses in its own compilations (``executors/thunder_speedups.py``), so that the table
+thunder_remat uses in its own compilations (``executors/hooks/thunder_speedups.py``), so that the table
 shows both what a user waits for and what thunder_remat itself adds; with thunder_remat,
 the whole-graph pass's own time split as its result reports it (analysis, solve: every min cut and
 knapsack, rewrite, peak estimates), the copies its rewrite made and how many forward ops it
@@ -103,7 +103,7 @@ def first_call(layers: int, executor, **options) -> tuple[float, object, int]:
 def bench(layers_list, budgets, executor_name):
     import thunder_remat
     from thunder_remat.executors import fusion_executor_by_name
-    from thunder_remat.executors.thunder_speedups import forced
+    from thunder_remat.executors.hooks.thunder_speedups import forced
 
     executor = fusion_executor_by_name(executor_name)
     first_call(1, executor)  # warm-up: the process's first compilation also pays for imports and caches

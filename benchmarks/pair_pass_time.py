@@ -202,7 +202,7 @@ def _fusion_stage(ex, unfused_trace, *, ours: bool):
     import thunder_remat.executors
     import thunder_remat.plugin
     from thunder_remat import RematConfig
-    from thunder_remat.executors.builtin_pass import activated
+    from thunder_remat.executors.hooks.builtin_pass import activated
     from thunder_remat.pairs.run import rematerialize_fusion_pairs
 
     if not ours:
@@ -228,7 +228,7 @@ def bench_model(name: str, size: str, executor: str, repeat: int) -> Row:
     import thunder_remat.executors
     import thunder_remat.plugin
     from thunder_remat import RematConfig
-    from thunder_remat.executors.builtin_pass import activated
+    from thunder_remat.executors.hooks.builtin_pass import activated
     from thunder_remat.pairs.run import rematerialize_fusion_pairs
     from thunder_remat.inspect.measure import saved_for_backward
     from thunder_remat.models import build_model, example_batch

@@ -23,7 +23,7 @@ import importlib.util
 import logging
 
 from thunder_remat.executors.base import FusionAdapter, register_adapter
-from thunder_remat.executors.builtin_pass import gate_when_imported
+from thunder_remat.executors.hooks.builtin_pass import gate_when_imported
 
 __all__ = ["NvFuserAdapter", "nvfuser_module", "nvfuser_available", "nvfuser_runs_regions", "install"]
 

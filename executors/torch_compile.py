@@ -19,10 +19,10 @@ import threading
 import thunder.executors.torch_compile as _tc
 # The (compile data, compile stats) context variable: get_compile_option needs both, and there is
 # no public getter for the stats in 0.2.6.
-from thunder.core.compile_data import _compile_data, compile_data_and_stats
 
 from thunder_remat.executors.base import FusionAdapter, cache_info_now, cache_info_restored, register_adapter
-from thunder_remat.executors.builtin_pass import builds_deferred, gate_module
+from thunder_remat.executors.hooks.builtin_pass import builds_deferred, gate_module
+from thunder_remat.executors.hooks.compile_stash import context_now, entered
 from thunder_remat.fusion_regions import KernelModel
 from thunder_remat.policies import contraction_kind
 
@@ -93,7 +93,7 @@ class DeferredRegion:
         #: Inductor config set while the region runs (so while Dynamo compiles it); None: as set
         self.inductor_options: dict | None = None
         self._build = build
-        self._parts = (args, kwargs, _compile_data.get(), cache_info_now())
+        self._parts = (args, kwargs, context_now(), cache_info_now())
         self._fn = None
         self._lock = threading.Lock()
 
@@ -106,8 +106,8 @@ class DeferredRegion:
         if self._fn is None:
             with self._lock:
                 if self._fn is None:
-                    build_args, build_kwargs, (cd, cs), info = self._parts
-                    with compile_data_and_stats(cd, cs), cache_info_restored(info):
+                    build_args, build_kwargs, context, info = self._parts
+                    with entered(context), cache_info_restored(info):
                         self._fn = self._build(*build_args, **build_kwargs)
                     self._parts = None
 

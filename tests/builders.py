@@ -97,7 +97,7 @@ def fused(trace, executor=None):
     """``trace`` with its ops grouped into fusion regions by the eager fusion executor (the
     torch.compile executor's grouping, regions run by PyTorch; building one costs milliseconds),
     Thunder's own fusion-pair pass off, as while thunder_remat runs."""
-    from thunder_remat.executors.builtin_pass import activated
+    from thunder_remat.executors.hooks.builtin_pass import activated
     from thunder_remat.executors.eager import eager_fusion_ex
 
     with activated():

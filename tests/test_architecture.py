@@ -34,8 +34,8 @@ def _modules() -> dict[str, Path]:
     for path in sorted((ROOT / "thunder_remat").rglob("*.py")):
         parts = path.relative_to(ROOT / "thunder_remat").with_suffix("").parts
         found[".".join(parts)] = path
-    for path in sorted((ROOT / "executors").glob("*.py")):
-        found["executors." + path.stem] = path
+    for path in sorted((ROOT / "executors").rglob("*.py")):
+        found[".".join(("executors", *path.relative_to(ROOT / "executors").with_suffix("").parts))] = path
     return {name.removesuffix(".__init__") if name != "__init__" else name: p for name, p in found.items()}
 
 
@@ -100,6 +100,50 @@ def test_the_solve_stages_import_no_thunder(module):
 def test_every_module_has_a_layer():
     for module in MODULES:
         _layer(module)
+
+
+#: the Thunder hooks, apart from the executor adapters (executors/hooks/)
+HOOKS = ("builtin_pass", "compile_stash", "fsdp", "op_timing", "pipeline", "thunder_speedups", "thunderfx")
+
+
+def test_the_hooks_are_apart_from_the_adapters():
+    """executors/ holds the adapters, executors/hooks/ every other touch of Thunder; both install
+    under ``thunder_remat.executors`` (pyproject.toml), as docs/architecture.md says first."""
+    hooks = {m.removeprefix("executors.hooks.") for m in MODULES if m.startswith("executors.hooks.")}
+    assert hooks == set(HOOKS)
+    adapters = {m for m in MODULES if m.startswith("executors.") and m.count(".") == 1} - {"executors.hooks"}
+    assert not {m.removeprefix("executors.") for m in adapters} & set(HOOKS)
+    pyproject = (ROOT / "pyproject.toml").read_text()
+    assert '"thunder_remat.executors" = "executors"' in pyproject and '"thunder_remat.executors.hooks"' in pyproject
+    assert "thunder_remat.executors.hooks" in (ROOT / "docs" / "architecture.md").read_text().split("\n## ")[0]
+
+
+def _compile_data_touches(path: Path) -> list[str]:
+    """What ``path`` does with Thunder's compile data or stats besides reading a compile option:
+    names it imports from ``thunder.core.compile_data``, calls of ``thunder.compile_data``/
+    ``thunder.compile_stats``, and ``setattr`` calls."""
+    touches = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module == "thunder.core.compile_data":
+            touches += [a.name for a in node.names if a.name != "get_compile_option"]
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) \
+                and node.func.attr in ("compile_data", "compile_stats"):
+            touches.append(node.func.attr)
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "setattr":
+            touches.append(ast.unparse(node))
+    return touches
+
+
+@pytest.mark.parametrize("module", sorted(m for m in MODULES if m != "executors.hooks.compile_stash"))
+def test_only_the_stash_touches_thunders_compile_data(module):
+    allowed = {"records": ["setattr(self.timings, self.attribute, getattr(self.timings, self.attribute) + elapsed)"]}
+    assert _compile_data_touches(MODULES[module]) == allowed.get(module, [])
+
+
+def test_the_stash_is_seen_touching_compile_data():
+    """The check above can fail: it sees the stash's own touches."""
+    touches = _compile_data_touches(MODULES["executors.hooks.compile_stash"])
+    assert "_compile_data" in touches and "compile_stats" in touches and any("setattr(cd" in t for t in touches)
 
 
 def _options_table() -> dict[str, tuple[str, str]]:

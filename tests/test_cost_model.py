@@ -8,7 +8,7 @@ import thunder
 import torch
 
 import thunder_remat
-import thunder_remat.executors.op_timing as op_timing
+import thunder_remat.executors.hooks.op_timing as op_timing
 from thunder_remat.executors.eager import eager_fusion_ex
 from thunder_remat.models import example_batch
 from thunder_remat.whole_graph.problem import ForwardOp, ForwardValue, SaveProblem, with_measured_costs

@@ -84,7 +84,7 @@ def test_zero2_keeps_its_gathered_parameters(results):
 
 
 def test_options_that_cannot_work_together_are_refused(monkeypatch):
-    import thunder_remat.executors.fsdp as fsdp
+    import thunder_remat.executors.hooks.fsdp as fsdp
     from thunder_remat.plugin import RematFusionExecutor, plan_joint_trace
     from thunder_remat import RematConfig
 

@@ -202,7 +202,7 @@ def test_thunder_builtin_pass_does_not_run_with_ours(monkeypatch):
 
     gate = tc.rematerialize
     # rebuild the gate around the spy so we can count calls of Thunder's pass
-    from thunder_remat.executors.builtin_pass import gate_module
+    from thunder_remat.executors.hooks.builtin_pass import gate_module
 
     class Holder:
         rematerialize = spy

@@ -17,7 +17,7 @@ from thunder_remat.pairs.run import PairStatus, find_fusion_pairs, rematerialize
 from thunder_remat.plugin import _finalize
 from thunder_remat.policies import (DEFAULT_POLICIES, KeepSmallReductions, NeverRecomputeMatmul, NeverRecomputeRandom,
                                     OpFacts, RespectThunderTags, STRUCTURAL_HARD_BANS, judge_op)
-from thunder_remat.records import PassStatus
+from thunder_remat.records import PassStatus, RematSession
 from thunder_remat.trace_facts import trace_names
 from thunder_remat.solvers.split_network import Side, ValueNode
 from thunder_remat.verify import verify
@@ -119,6 +119,31 @@ def test_copies_made_for_one_reader_are_all_read_by_it():
     assert read == set(range(len(ops)))
     built = build(schedule)
     assert verify(trace, built) == []
+    # where each copy lands in the built trace, found from the schedule alone
+    landed = [built.bound_symbols[p] for p in schedule.copy_positions()]
+    assert [b.sym.name for b in landed] == [trace.bound_symbols[i].sym.name for i in schedule.emitted]
+    assert all(b.flat_proxy_outs[0].name == "rc_" + trace.bound_symbols[i].flat_proxy_outs[0].name
+               for b, i in zip(landed, schedule.emitted))
+
+
+def test_one_helper_verifies_and_undoes_a_rewrite():
+    """``kept_if_verified`` keeps a sound rewrite and undoes a broken one: the result keeps the
+    trace it was given, records why, and one warning names the rewrite (both passes use it)."""
+    from thunder_remat.records import PassResult
+    from thunder_remat.verify import kept_if_verified
+
+    trace, _ = chain_joint_trace()
+    result = plan_saved_values(trace, RematConfig(memory_budget=0.0))
+    sound = PassResult(result.trace, PassStatus.REWRITTEN)
+    assert kept_if_verified(sound, trace, result.trace, "test rewrite") and sound.trace is result.trace
+    broken = plan_saved_values(trace, RematConfig(memory_budget=0.0)).trace
+    broken.bound_symbols = [b for b in broken.bound_symbols
+                            if not any(p.name.startswith("rc_") for p in b.flat_proxy_outs)]
+    undone = PassResult(broken, PassStatus.REWRITTEN)
+    with pytest.warns(UserWarning, match=r"the test rewrite failed verification and is undone: .*before it is produced"):
+        assert not kept_if_verified(undone, trace, broken, "test rewrite")
+    assert undone.trace is trace and undone.status is PassStatus.FAILED
+    assert undone.failure.startswith("verification failed: ")
 
 
 def test_schedules_of_one_trace_share_its_names():
@@ -222,12 +247,12 @@ def test_with_a_save_plan_pairs_into_backward_regions_are_left_as_the_plan_place
 
     def statuses(**planned):
         result = rematerialize_fusion_pairs(regions, RematConfig(), adapter_for=adapter_for, finalize=_finalize,
-                                            **planned)
+                                            session=RematSession(**planned))
         return {(p.producer, p.consumer): p.status for p in result.pairs}, result.trace
 
     free, _ = statuses()
     saved, _ = statuses(saved_set_planned=True)
-    placed, placed_trace = statuses(saved_set_planned=True, backward_planned=True)
+    placed, placed_trace = statuses(saved_set_planned=True, planned_below_fastest=True)
     kept = PairStatus.KEPT_FOR_SAVE_PLAN
     assert free[(names[2], names[3])] is PairStatus.REWRITTEN
     assert saved == {**free, (names[0], names[2]): kept, (names[0], names[3]): kept}

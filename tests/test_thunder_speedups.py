@@ -1,5 +1,5 @@
 """The linear-time stand-ins for Thunder 0.2.6's no-op-subsymbol pruning and Region membership
-give exactly Thunder's results (executors/thunder_speedups.py), and act only where they should."""
+give exactly Thunder's results (executors/hooks/thunder_speedups.py), and act only where they should."""
 
 import pytest
 import thunder
@@ -8,7 +8,8 @@ from thunder.core.prims import OpTags
 from thunder.core.symbol import BoundSymbol, Symbol
 import thunder.core.transform_common as transform_common
 
-from thunder_remat.executors import thunder_speedups
+from thunder_remat.executors.hooks import thunder_speedups
+from thunder_remat.executors.hooks.compile_stash import speedups_marked
 from thunder_remat.executors.eager import eager_fusion_ex
 from thunder_remat.models import BUILDERS, ModelSpec
 from thunder_remat.plugin import last_joint_trace
@@ -92,7 +93,7 @@ def test_the_pruning_stand_in_matches_thunder_on_a_model_trace(gpt_joint):
 
 
 def test_regions_have_thunders_inputs_and_outputs(gpt_joint):
-    from thunder_remat.executors.builtin_pass import deferring_builds
+    from thunder_remat.executors.hooks.builtin_pass import deferring_builds
 
     _, joint = gpt_joint
     transform = thunder.transform_for_execution.__wrapped__  # Thunder's, without thunder_remat's executor
@@ -115,10 +116,10 @@ def test_regions_have_thunders_inputs_and_outputs(gpt_joint):
 
 def test_the_stand_ins_act_only_where_thunder_remat_is_on(gpt_joint):
     jitted, _ = gpt_joint
-    assert getattr(thunder.compile_data(jitted), thunder_speedups._MARK, False)
+    assert speedups_marked(jitted)
     plain = thunder.jit(torch.nn.Linear(2, 2), executors=[eager_fusion_ex])
     plain(torch.randn(3, 2)).sum().backward()
-    assert not getattr(thunder.compile_data(plain), thunder_speedups._MARK, False)
+    assert not speedups_marked(plain)
     assert not thunder_speedups.active()
     with thunder_speedups.forced():
         assert thunder_speedups.active()

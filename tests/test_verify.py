@@ -120,22 +120,23 @@ def test_a_rewrite_failing_verification_is_undone(monkeypatch):
     monkeypatch.setattr(wg, "build", drop_first_recomputation)
     jm = thunder.jit(model, executors=[eager_fusion_ex], remat=True, remat_memory_budget=0.0)
     torch.manual_seed(0)
-    with pytest.warns(UserWarning, match="whole-graph save planning failed.*VerificationError"):
+    with pytest.warns(UserWarning, match="the whole-graph rewrite failed verification and is undone"):
         out = jm(x)
     out.float().pow(2).mean().backward()
     assert torch.equal(out, out0)
     for p, g0 in zip(model.parameters(), grads0):
         torch.testing.assert_close(p.grad, g0, atol=1e-5, rtol=1e-4)
-    assert thunder_remat.last_save_plan(jm).failure.startswith("VerificationError")
+    assert thunder_remat.last_save_plan(jm).failure.startswith("verification failed")
 
 
 def test_a_pair_rewrite_failing_verification_is_undone(monkeypatch):
-    import thunder_remat.plugin as plugin
+    import sys
 
-    monkeypatch.setattr(plugin, "verify", lambda before, after: ["injected problem"])
+    # the one helper both passes verify through reads this module's verify
+    monkeypatch.setattr(sys.modules["thunder_remat.verify"], "verify", lambda before, after, **_: ["injected problem"])
     model = build_model("mlp", "tiny")
     jm = thunder.jit(model, executors=[eager_fusion_ex], remat=True, remat_whole_graph=False)
-    with pytest.warns(UserWarning, match="fusion-pair rewrite failed verification.*injected problem"):
+    with pytest.warns(UserWarning, match="the fusion-pair rewrite failed verification and is undone: injected problem"):
         jm(example_batch(model)).sum().backward()
     assert thunder_remat.last_pair_pass(jm).failure.startswith("verification failed")
 

@@ -9,7 +9,7 @@ import logging
 
 from thunder_remat.config import RematConfig
 from thunder_remat.plugin import Remat, RematFusionExecutor, RematTransform, last_pair_pass, last_save_plan
-from thunder_remat.executors.thunderfx import thunderfx_subgraphs
+from thunder_remat.executors.hooks.thunderfx import thunderfx_subgraphs
 from thunder_remat.inspect.draw import draw
 from thunder_remat.inspect.report import explain
 from thunder_remat.inspect.tradeoff import plot_tradeoff, sweep_budgets
@@ -38,7 +38,8 @@ logging.getLogger(__name__).addHandler(logging.NullHandler())
 def _install() -> None:
     import thunder.plugins
 
-    from thunder_remat.executors import nvfuser, pipeline, thunder_speedups, torch_compile
+    from thunder_remat.executors import nvfuser, torch_compile
+    from thunder_remat.executors.hooks import pipeline, thunder_speedups
     from thunder_remat.plugin import executor_for_compilation, is_remat_executor, plan_joint_trace
 
     torch_compile.install()

@@ -9,7 +9,7 @@ from thunder_remat.budget import Budget, parse_budget
 from thunder_remat.policies import DEFAULT_POLICIES, check_policies
 from thunder_remat.solvers.knapsack import KNAPSACK_SOLVERS
 
-__all__ = ["RematConfig", "COMPILE_OPTIONS", "config_from_options"]
+__all__ = ["RematConfig", "COMPILE_OPTIONS", "config_from_options", "option_name"]
 
 _BOOLS = (True, False)
 COST_MODELS = ("flops", "measured")
@@ -113,17 +113,18 @@ def _is_fraction(value: Any) -> bool:
 def _check_choice(name: str, value: Any, allowed: tuple) -> None:
     if not any(value is a or (type(value) is type(a) and value == a) for a in allowed):
         raise ValueError(
-            f"thunder_remat option {_option_name(name)!r} must be one of {list(allowed)}, got {value!r}"
+            f"thunder_remat option {option_name(name)!r} must be one of {list(allowed)}, got {value!r}"
         )
 
 
-def _option_name(field_name: str) -> str:
+def option_name(field_name: str) -> str:
+    """The compile option of a ``RematConfig`` field (``enabled`` is ``remat``)."""
     return "remat" if field_name == "enabled" else f"remat_{field_name}"
 
 
 #: compile option name -> (config field, description shown by thunder.last_compile_options)
 COMPILE_OPTIONS: dict[str, tuple[str, str]] = {
-    _option_name(f.name): (f.name, f"thunder_remat: {f.name.replace('_', ' ')}") for f in fields(RematConfig)
+    option_name(f.name): (f.name, f"thunder_remat: {f.name.replace('_', ' ')}") for f in fields(RematConfig)
 }
 COMPILE_OPTIONS["remat"] = ("enabled", "thunder_remat: turn the rematerialization plugin on (True) or off (False)")
 

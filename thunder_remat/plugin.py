@@ -16,24 +16,24 @@ from __future__ import annotations
 
 import contextlib
 import gc
-import warnings
+from dataclasses import replace
 
-from thunder.core.compile_data import get_compile_data, get_compile_option
+from thunder.core.compile_data import get_compile_option
 from thunder.core.recipe import Plugin, PluginPolicy
 from thunder.core.trace import from_trace
 from thunder.core.transforms import Transform
 from thunder.extend import FusionExecutor
 
 from thunder_remat.budget import BudgetKind
-from thunder_remat.config import COMPILE_OPTIONS, RematConfig, config_from_options
+from thunder_remat.config import COMPILE_OPTIONS, RematConfig, config_from_options, option_name
 from thunder_remat.executors import adapter_for
-from thunder_remat.executors.compile_stash import stash, stash_for, stashed, stashed_now
-from thunder_remat.executors.pipeline import record_provenance
+from thunder_remat.executors.hooks.compile_stash import stash, stash_for, stashed, stashed_now, transforms_now
+from thunder_remat.executors.hooks.pipeline import record_provenance
 from thunder_remat.executors.base import fusion_counter
 from thunder_remat.pairs.run import PairPassResult, rematerialize_fusion_pairs
 from thunder_remat.pairs.split import split_backward_regions
-from thunder_remat.records import PassStatus
-from thunder_remat.verify import verify
+from thunder_remat.records import PassStatus, RematSession
+from thunder_remat.verify import kept_if_verified
 from thunder_remat.whole_graph.run import SavePassResult, plan_saved_values
 
 __all__ = ["RematFusionExecutor", "RematTransform", "Remat", "resolve_config", "last_pair_pass", "last_save_plan",
@@ -66,47 +66,32 @@ class RematFusionExecutor(FusionExecutor):
     def __init__(self, config: RematConfig | None = None) -> None:
         super().__init__(EXECUTOR_NAME)
         self.config = config if config is not None else RematConfig()
-        #: the whole-graph pass chose what the forward saves in this compilation (set by it)
-        self.saved_set_planned = False
 
     def fusion_pass(self, trace):
         """The fusion-pair pass (``remat_fusion_pairs``), then the backward region cuts
         (``remat_split_regions``), verified together; undone together if verification fails.
-        Then every region is set to run in the rewritten order (``remat_keep_plan_order``)."""
+        Then, below the fastest plan, every region is set to run in the rewritten order
+        (``remat_keep_plan_order``: a compiler that reorders would compute early and hold what
+        the plan recomputes late; at the fastest plan the regions compile as Thunder compiles them,
+        where the order settings measured up to 9% more peak: docs/benchmarks.md)."""
         if not self.config.enabled:
             return trace
-        below_fastest = self._planned_below_fastest()
-        keep_order = self.config.keep_plan_order and below_fastest
-        trace = self._pairs_and_cuts(trace, keep_order, below_fastest)
+        session = stashed_now("session") or RematSession()
+        keep_order = self.config.keep_plan_order and session.planned_below_fastest
+        trace = self._pairs_and_cuts(trace, session, keep_order)
         if keep_order:
             for bsym in trace.bound_symbols:
                 if bsym.sym.is_fusion:
                     adapter_for(bsym.sym.executor).keep_plan_order(bsym)
         return trace
 
-    @staticmethod
-    def _planned_below_fastest() -> bool:
-        """The whole-graph plan is below the fastest (chosen by a fraction under 1.0 or a peak
-        budget): the user asked for memory, the rewrite recomputes values for far readers and the
-        plan's regions were chosen by their estimated peak. Then the regions run in the rewritten
-        order (``remat_keep_plan_order``: a compiler that reorders would compute early and hold
-        what the plan recomputes late) and no pair into a backward region is rewritten (it would
-        hold what the estimate did not count). At the fastest plan the regions compile as Thunder
-        compiles them (measured, the order settings cost up to 9% of the peak there:
-        docs/benchmarks.md) and the pair pass cuts the bytes crossing between backward regions."""
-        result = stashed_now("save_result")
-        choice = result.choice if result is not None else None
-        return (choice is not None and choice.frontier is not None
-                and choice.plan.recomputed != choice.frontier.fastest.recomputed)
-
-    def _pairs_and_cuts(self, trace, keep_order: bool, below_fastest: bool):
+    def _pairs_and_cuts(self, trace, session: RematSession, keep_order: bool):
         if not (self.config.fusion_pairs or self.config.split_regions):
             return trace
         with _collector_paused():
             if self.config.fusion_pairs:
                 result = rematerialize_fusion_pairs(trace, self.config, adapter_for=adapter_for, finalize=_finalize,
-                                                    saved_set_planned=self.saved_set_planned,
-                                                    backward_planned=self.saved_set_planned and below_fastest)
+                                                    session=session)
             else:
                 result = PairPassResult(trace)
             if self.config.split_regions:
@@ -114,12 +99,8 @@ class RematFusionExecutor(FusionExecutor):
                                                                      keep_order)
                 if result.split_regions:
                     result.trace = _finalize(result.trace, bsyms)
-            problems = verify(trace, result.trace) if self.config.verify and result.trace is not trace else ()
-        if problems:
-            warnings.warn(
-                "thunder_remat: the fusion-pair rewrite failed verification and is undone: " + "; ".join(problems)
-            )
-            result.fail(trace, "verification failed: " + "; ".join(problems))
+            if self.config.verify and result.trace is not trace:
+                kept_if_verified(result, trace, result.trace, "fusion-pair rewrite")
         record_provenance(result.provenance())
         stash("pair_result", result)
         return result.trace
@@ -144,13 +125,15 @@ def expected_regions(trace, executors, split: bool = True):
 
 
 def plan_joint_trace(trace, executor: RematFusionExecutor):
-    """The whole-graph pass on the joint trace, before any fusion executor sees it."""
-    from thunder_remat.executors.fsdp import zero3_active
+    """The whole-graph pass on the joint trace, before any fusion executor sees it; the
+    compilation's ``RematSession`` records what it decided for the fusion-pair pass."""
+    from thunder_remat.executors.hooks.fsdp import zero3_active
 
     config = executor.config
     stash("joint_trace", trace)
-    zero3 = zero3_active()
-    if zero3 and config.enabled and config.fsdp_regather and not config.whole_graph:
+    session = RematSession(zero3=zero3_active())
+    stash("session", session)
+    if session.zero3 and config.enabled and config.fsdp_regather and not config.whole_graph:
         raise ValueError(
             "thunder_remat: under FSDP ZeRO-3, option 'remat_fsdp_regather' (re-gather parameters in the "
             "backward) needs 'remat_whole_graph'=True; set remat_whole_graph=True, or remat_fsdp_regather=False "
@@ -162,19 +145,28 @@ def plan_joint_trace(trace, executor: RematFusionExecutor):
     fusible, kernels = _fusion_facts(fusers)
 
     ceiling = None
-    if fusers and not zero3 and (config.budget is None
-                                 or BudgetKind(config.budget[0]) in (BudgetKind.FRACTION, BudgetKind.PEAK)):
+    if fusers and not session.zero3 and (config.budget is None
+                                         or BudgetKind(config.budget[0]) in (BudgetKind.FRACTION, BudgetKind.PEAK)):
         # a fusion executor's own pair pass may recompute what thunder_remat's policies keep
         # (Thunder recomputes convolutions inside a torch.compile region): 1.0 saves no more, and a
         # peak budget walks no plan that saves more
         ceiling = lambda: _thunder_alone_bytes_now(trace)  # noqa: E731 (asked only if a kept contraction is fusible)
     with _collector_paused():
-        result = plan_saved_values(trace, config, zero3=zero3, fusible=fusible, kernels=kernels,
+        result = plan_saved_values(trace, config, zero3=session.zero3, fusible=fusible, kernels=kernels,
                                    ceiling=ceiling)
-    executor.saved_set_planned = result.status is not PassStatus.FAILED
+    planned = result.status is not PassStatus.FAILED
+    stash("session", replace(session, saved_set_planned=planned,
+                             planned_below_fastest=planned and _below_fastest(result.choice)))
     record_provenance(result.provenance())
     stash("save_result", result)
     return result.trace
+
+
+def _below_fastest(choice) -> bool:
+    """The plan was chosen below the fastest (a fraction under 1.0 or a peak budget): the user
+    asked for memory."""
+    return (choice is not None and choice.frontier is not None
+            and choice.plan.recomputed != choice.frontier.fastest.recomputed)
 
 
 def _finalize(trace, bsyms):
@@ -207,15 +199,14 @@ def _config_from_arguments(config: RematConfig | None, options: dict) -> RematCo
     """Keyword arguments use the compile-option names without the ``remat_`` prefix."""
     if config is not None and not isinstance(config, RematConfig):
         raise TypeError(f"thunder_remat: config must be a RematConfig, got {type(config).__name__}")
-    prefixed = {("remat" if k == "enabled" else f"remat_{k}"): v for k, v in options.items()}
+    prefixed = {option_name(k): v for k, v in options.items()}
     return config_from_options(config if config is not None else RematConfig(), prefixed)
 
 
 def resolve_config(executors_list=()) -> RematConfig:
     """The config for the compilation in progress: transform or executor first, compile options on top."""
     base = None
-    cd = get_compile_data()
-    for transform in getattr(cd, "transforms", None) or ():
+    for transform in transforms_now():
         if isinstance(transform, RematTransform):
             base = transform.config
     for ex in executors_list:
@@ -237,7 +228,7 @@ def is_remat_executor(ex) -> bool:
 # The accessors below describe one compilation (one cache entry) of ``jitted``, whole: by default
 # the one whose computation last ran (another input shape, a cache hit, a ``torch.no_grad`` call
 # each switch it); ``compilation=i`` picks the i-th cache entry of
-# ``thunder.compile_stats(jitted).interpreter_cache`` instead (executors/compile_stash.py).
+# ``thunder.compile_stats(jitted).interpreter_cache`` instead (executors/hooks/compile_stash.py).
 
 
 def last_pair_pass(jitted, *, compilation: int | None = None) -> PairPassResult | None:
@@ -263,7 +254,7 @@ def last_joint_trace(jitted, *, compilation: int | None = None):
 def _thunder_alone_bytes_now(joint) -> int:
     """Activation storage bytes Thunder alone saves for ``joint`` in the compilation in progress
     (kept for ``thunder_alone_saved_bytes``)."""
-    from thunder_remat.executors.pipeline import fuse_as_thunder_alone_now
+    from thunder_remat.executors.hooks.pipeline import fuse_as_thunder_alone_now
     from thunder_remat.trace_facts import forward_storages, thunder_split
 
     fused = fuse_as_thunder_alone_now(joint)
@@ -278,7 +269,7 @@ def thunder_alone_saved_bytes(jitted, *, compilation: int | None = None) -> int 
     executors fuse it, under that compilation's cache info, Thunder's own fusion-pair pass runs,
     then its forward/backward split (computed once per compilation, on first request; None if
     that compilation has no joint trace: thunder_remat off, or an inference compilation)."""
-    from thunder_remat.executors.pipeline import fuse_as_thunder_alone
+    from thunder_remat.executors.hooks.pipeline import fuse_as_thunder_alone
     from thunder_remat.trace_facts import forward_storages, thunder_split
 
     joint = last_joint_trace(jitted, compilation=compilation)

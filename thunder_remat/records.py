@@ -1,4 +1,5 @@
-"""The result record both passes return: a status, why a pass failed, and where its time went.
+"""The result record both passes return (a status, why a pass failed, where its time went), and
+the session record of one compilation that both passes read.
 
 ``explain()``, the notebook and the tests read the whole-graph result (``SavePassResult``) and
 the fusion-pair result (``PairPassResult``) through these same fields.
@@ -11,7 +12,7 @@ import time
 from typing import ClassVar
 from dataclasses import dataclass, field, fields
 
-__all__ = ["PassStatus", "Timings", "PassResult"]
+__all__ = ["PassStatus", "Timings", "PassResult", "RematSession"]
 
 
 class PassStatus(enum.Enum):
@@ -84,3 +85,23 @@ class PassResult:
     def fail(self, trace, reason: str) -> None:
         """Give up: keep ``trace`` (the one Thunder made) and say why."""
         self.trace, self.status, self.failure = trace, PassStatus.FAILED, reason
+
+
+@dataclass(frozen=True)
+class RematSession:
+    """One compilation as both passes see it, kept with the compilation (``compile_stash``).
+
+    The plugin makes it before the whole-graph pass and completes it with what that pass decided;
+    the fusion-pair pass, which runs later on the fused trace, reads it.
+    """
+
+    #: the compilation runs under FSDP ZeRO-3 (parameters are re-gathered in the backward)
+    zero3: bool = False
+    #: the whole-graph pass chose what the forward saves, and its rewrite was kept: pairs from a
+    #: forward region into a backward region must hand over exactly the plan's values
+    saved_set_planned: bool = False
+    #: that plan is below the fastest (a fraction under 1.0 or a peak budget): it also placed where
+    #: the backward computes each value and was chosen by its estimated peak with the backward's
+    #: regions as they are, so pairs between backward regions are left as they are, and regions
+    #: run in the rewritten order (``remat_keep_plan_order``)
+    planned_below_fastest: bool = False

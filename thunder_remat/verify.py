@@ -22,6 +22,7 @@ or raises ``VerificationError`` with ``raise_on_error=True``:
 
 from __future__ import annotations
 
+import warnings
 from collections import Counter
 from dataclasses import dataclass, field
 
@@ -33,7 +34,7 @@ from thunder_remat.storage import storage_map
 from thunder_remat.trace_facts import (TagReader, op_facts, forward_storages, in_place_destination, in_place_writes, leaf_ops,
                                        thunder_split)
 
-__all__ = ["VerificationError", "verify", "region_problems"]
+__all__ = ["VerificationError", "verify", "region_problems", "kept_if_verified"]
 
 #: ops that name values without reading their data (``update_aliases`` names the storage's data
 #: as it is now)
@@ -43,6 +44,20 @@ _BOOKKEEPING = frozenset({"del", "python_del", "unpack_sequence", "unpack_trivia
 
 class VerificationError(RuntimeError):
     """A rewritten trace broke an invariant; the pass that made it is undone."""
+
+
+def kept_if_verified(result, before, after, rewrite: str, **expected) -> bool:
+    """Verify a pass's rewrite and undo it if it broke an invariant: ``result`` (a
+    ``records.PassResult``) then keeps ``before``, records the problems as its failure, and one
+    warning, the same for every pass, names the rewrite (``rewrite``) and the problems. True when
+    the rewrite is kept. ``expected``: ``verify``'s optional checks (``saved``, ...)."""
+    problems = verify(before, after, **expected)
+    if not problems:
+        return True
+    listed = "; ".join(problems)
+    warnings.warn(f"thunder_remat: the {rewrite} failed verification and is undone: {listed}", stacklevel=3)
+    result.fail(before, "verification failed: " + listed)
+    return False
 
 
 def _names(tree) -> list[str]:

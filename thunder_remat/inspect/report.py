@@ -16,6 +16,10 @@ report says so and lists the training compilations.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from thunder_remat.pairs.run import PairRecord
 
 __all__ = ["SavedValue", "RecomputedValue", "RematReport", "explain"]
 
@@ -63,7 +67,8 @@ class RematReport:
     #: estimated cost of every copy the rewrite made (ops recomputed again for far uses count again)
     rewritten_cost: float = 0.0
     times_ms: dict = field(default_factory=dict)
-    pairs: list[dict] = field(default_factory=list)
+    #: what the fusion-pair pass did with each pair of regions (its own records)
+    pairs: list[PairRecord] = field(default_factory=list)
     #: the compilation described: its index in ``thunder.compile_stats(jm).interpreter_cache``
     #: (None when Thunder did not cache it)
     compilation: int | None = None
@@ -106,7 +111,7 @@ class RematReport:
             "recompute_unit": self.recompute_unit,
             "rewritten_cost": self.rewritten_cost,
             "times_ms": dict(self.times_ms),
-            "pairs": list(self.pairs),
+            "pairs": [p.summary() for p in self.pairs],
             "compilation": self.compilation,
             "compilations": self.compilations,
             "inference": self.inference,
@@ -160,8 +165,8 @@ class RematReport:
             for r in self.recomputed:
                 lines.append(f"    {r.name} ({r.op}) in {r.where}")
         for p in self.pairs:
-            lines.append(f"  pair {p['producer']} -> {p['consumer']}: {p['status']}, cut {p['cut_value']:g} B, "
-                         f"recomputes {len(p['recomputed'])}")
+            lines.append(f"  pair {p.producer} -> {p.consumer}: {p.status.value}, cut {p.cut_value:g} B, "
+                         f"recomputes {len(p.recomputed)}")
         return "\n".join(lines)
 
 
@@ -212,7 +217,7 @@ def explain(jitted, compilation: int | None = None, *, step=None, device="cpu") 
     from thunder.core.pytree import tree_flatten
 
     from thunder_remat.cost import value_bytes
-    from thunder_remat.executors.compile_stash import (compilations, computation_traces_of, is_inference,
+    from thunder_remat.executors.hooks.compile_stash import (compilations, computation_traces_of, is_inference,
                                                        last_index, training_compilations)
     from thunder_remat.plugin import last_pair_pass, last_save_plan, thunder_alone_saved_bytes
     from thunder_remat.storage import storage_map
@@ -285,11 +290,7 @@ def explain(jitted, compilation: int | None = None, *, step=None, device="cpu") 
     if pairs is not None:
         report.times_ms.update(_times("fusion pairs", pairs))
         for rec in pairs.pairs:
-            report.pairs.append({
-                "producer": rec.producer, "consumer": rec.consumer, "status": rec.status.value, "failure": rec.failure,
-                "cut_value": rec.cut_value, "bytes_before": rec.bytes_before, "bytes_after": rec.bytes_after,
-                "handed_over": list(rec.handed_over), "recomputed": list(rec.recomputed),
-            })
+            report.pairs.append(rec)
             for name in rec.recomputed:
                 report.recomputed.append(RecomputedValue(name, "", rec.consumer))
     return report

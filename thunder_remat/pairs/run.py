@@ -21,7 +21,7 @@ from thunder_remat.config import RematConfig
 from thunder_remat.pairs.analysis import build_pair_problem
 from thunder_remat.pairs.rewrite import rewrite_pair
 from thunder_remat.pairs.solve import solve_pair
-from thunder_remat.records import PassResult, PassStatus
+from thunder_remat.records import PassResult, PassStatus, RematSession
 from thunder_remat.trace_facts import TagReader, in_place_destination, is_backward_region, leaf_ops
 
 __all__ = ["PairStatus", "PairRecord", "PairPassResult", "find_fusion_pairs", "rematerialize_fusion_pairs"]
@@ -60,6 +60,13 @@ class PairRecord:
     #: the solved value network (``ValueNetwork``) and its CutResult, for drawings
     network: object = field(default=None, repr=False, compare=False)
     cut: object = field(default=None, repr=False, compare=False)
+
+    def summary(self) -> dict:
+        """The record as plain data (``explain(...).to_dict()``): the decision, not the network."""
+        return {"producer": self.producer, "consumer": self.consumer, "status": self.status.value,
+                "failure": self.failure, "cut_value": self.cut_value, "bytes_before": self.bytes_before,
+                "bytes_after": self.bytes_after, "handed_over": list(self.handed_over),
+                "recomputed": list(self.recomputed)}
 
 
 @dataclass
@@ -134,19 +141,17 @@ def rematerialize_fusion_pairs(
     *,
     adapter_for: Callable,
     finalize: Callable,
-    saved_set_planned: bool = False,
-    backward_planned: bool = False,
+    session: RematSession = RematSession(),
 ) -> PairPassResult:
     """Run the pass on ``trace``.
 
     ``adapter_for(executor)`` gives the executor adapter (``can_fuse``, ``reemit``);
     ``finalize(trace, bsyms)`` builds the output trace (dead-code elimination included).
-    ``saved_set_planned``: the whole-graph pass chose what the forward saves for this trace;
-    pairs from a forward region into a backward region are then left as they are, so that the
-    forward hands the backward exactly the plan's values. ``backward_planned``: the plan, below
-    the fastest, also placed where the backward computes each value and chose it by its estimated
-    peak; pairs between backward regions are left as they are too, so that the regions hold what
-    the estimate counted.
+    ``session``: what the whole-graph pass decided for this compilation. With a plan
+    (``saved_set_planned``) pairs from a forward region into a backward region are left as they
+    are, so that the forward hands the backward exactly the plan's values; with a plan below the
+    fastest (``planned_below_fastest``) pairs between backward regions too, so that the regions
+    hold what the plan's peak estimate counted.
     """
     bsyms = list(trace.bound_symbols)
     result = PairPassResult(trace)
@@ -166,8 +171,8 @@ def rematerialize_fusion_pairs(
         if not any(o.name in consumer_reads for o in producer.flat_proxy_outs):
             continue
         name = f"{producer.sym.name} -> {consumer.sym.name}"
-        if is_backward_region(consumer) and (backward_planned or (saved_set_planned
-                                                                 and not is_backward_region(producer))):
+        if is_backward_region(consumer) and (session.planned_below_fastest or (session.saved_set_planned
+                                                                               and not is_backward_region(producer))):
             result.pairs.append(PairRecord(producer.sym.name, consumer.sym.name, PairStatus.KEPT_FOR_SAVE_PLAN))
             continue
         try:

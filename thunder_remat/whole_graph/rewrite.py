@@ -20,7 +20,7 @@ from thunder.core.trace import from_trace, tracectx
 
 from thunder_remat.trace_facts import TraceNames, trace_names
 
-__all__ = ["CopySchedule", "insert_recomputation", "schedule_copies", "build", "MAX_CHEAP_COPIES"]
+__all__ = ["CopySchedule", "schedule_copies", "build", "MAX_CHEAP_COPIES"]
 
 
 #: a cheap op is copied at most this many times: then its latest copy is reused, however stale.
@@ -59,13 +59,14 @@ class CopySchedule:
         """The forward op of every copy, in order."""
         return [i for i, _ in self.copies]
 
-
-def insert_recomputation(trace, recomputed_indices, **options):
-    """A new joint trace in which the backward recomputes the forward bsyms at
-    ``recomputed_indices``, and the forward op index of every copy made, in order (see
-    ``schedule_copies`` for ``options``)."""
-    schedule = schedule_copies(trace, recomputed_indices, **options)
-    return build(schedule), schedule.emitted
+    def copy_positions(self) -> list[int]:
+        """Where each copy lands in the trace ``build`` makes, in copy order."""
+        positions, shift = [], 0
+        for position in sorted(self.before):
+            for _ in self.before[position]:
+                positions.append(position + shift)
+                shift += 1
+        return positions
 
 
 def schedule_copies(trace, recomputed_indices, *, window: int | None = None, cheap=frozenset(), checkpoints=(),

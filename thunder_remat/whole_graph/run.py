@@ -16,7 +16,7 @@ from typing import ClassVar
 from thunder_remat.budget import BudgetKind
 from thunder_remat.policies import contraction_kind
 from thunder_remat.records import PassResult, PassStatus
-from thunder_remat.verify import verify
+from thunder_remat.verify import kept_if_verified
 from thunder_remat.whole_graph.analysis import build_save_problem
 from thunder_remat.whole_graph.checkpoints import checkpointed_schedule
 from thunder_remat.whole_graph.peak import predict_regions
@@ -148,7 +148,7 @@ class SavePassResult(PassResult):
 
 def _measure(trace, problem: SaveProblem) -> dict[int, float]:
     """Time the forward ops the plan may recompute (not the banned ones, not the free views)."""
-    from thunder_remat.executors.op_timing import time_ops
+    from thunder_remat.executors.hooks.op_timing import time_ops
 
     candidates = {op.index: trace.bound_symbols[op.index] for op in problem.ops if op.hard_ban is None and op.cost > 0}
     return time_ops(candidates)
@@ -216,11 +216,12 @@ def plan_saved_values(trace, config, *, zero3: bool = False, fusible=None, kerne
         with timings.stage("rewrite"):
             new = build(checkpoints.schedule)
             if regather:
-                new = prefetch_regathers(new, config.fsdp_prefetch)
-            if config.verify:
-                replayed = {op.op for op in problem.ops if op.force_recompute} if regather else set()
-                verify(trace, new, saved=choice.plan.saved, saved_bytes=choice.plan.saved_bytes, replayed=replayed,
-                       raise_on_error=True)
+                new = prefetch_regathers(new, config.fsdp_prefetch, checkpoints.schedule.copy_positions())
+            replayed = {op.op for op in problem.ops if op.force_recompute} if regather else set()
+            if config.verify and not kept_if_verified(result, trace, new, "whole-graph rewrite",
+                                                      saved=choice.plan.saved, saved_bytes=choice.plan.saved_bytes,
+                                                      replayed=replayed):
+                return result
         result.trace = new
         result.status = PassStatus.REWRITTEN if result.copied_ops else PassStatus.UNCHANGED
     except Exception as exc:  # containment: leave the trace as Thunder made it

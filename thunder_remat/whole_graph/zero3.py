@@ -34,27 +34,24 @@ def regathered_ops(forward, inputs) -> set[int]:
     return chosen
 
 
-def prefetch_regathers(trace, depth: int):
+def prefetch_regathers(trace, depth: int, copies):
     """Issue each backward re-gather (FSDP ZeRO-3) up to ``depth`` waits early.
 
-    ``insert_recomputation`` places every re-gathered all-gather right before its wait, so one is
-    in flight at a time. With ``depth`` > 1, the k-th all-gather moves to just before the wait of
-    the (k - depth + 1)-th, so at most ``depth`` are in flight and communication overlaps the
-    compute between waits. An all-gather reads only a sharded parameter (a forward input), so
-    moving it earlier keeps every value defined before use.
+    ``copies``: the positions of the copies the rewrite made (``CopySchedule.copy_positions``);
+    the re-gathers are the all-gathers among them. The rewrite places every re-gathered
+    all-gather right before its wait, so one is in flight at a time. With ``depth`` > 1, the k-th
+    all-gather moves to just before the wait of the (k - depth + 1)-th, so at most ``depth`` are in
+    flight and communication overlaps the compute between waits. An all-gather reads only a
+    sharded parameter (a forward input), so moving it earlier keeps every value defined before use.
     """
     if depth <= 1:
         return trace
     bsyms = list(trace.bound_symbols)
-    gathers, waits = [], {}
+    gathers = [(i, bsyms[i].flat_proxy_outs[0].name) for i in sorted(copies)
+               if collective_name(bsyms[i]) == "all_gather" and bsyms[i].flat_proxy_outs]
+    waits = {}
     for i, bsym in enumerate(bsyms):
-        if not is_backward(bsym):
-            continue
-        name = collective_name(bsym)
-        outs = [p.name for p in bsym.flat_proxy_outs]
-        if name == "all_gather" and outs and all(o.startswith("rc_") for o in outs):
-            gathers.append((i, outs[0]))
-        elif name == "wait":
+        if is_backward(bsym) and collective_name(bsym) == "wait":
             for p in bsym.flat_proxy_args:
                 waits.setdefault(p.name, i)
     chain = [(g, waits[f]) for g, f in gathers if f in waits]

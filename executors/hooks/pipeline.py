@@ -28,9 +28,9 @@ from thunder.core.trace import TraceProvenance
 from thunder.extend import FusionExecutor
 
 from thunder_remat.executors.base import cache_info_now, cache_info_restored
-from thunder_remat.executors.builtin_pass import activated, deferring_builds
-from thunder_remat.executors.compile_stash import compilation_of, stash, stashed_now
-from thunder_remat.executors.thunder_speedups import enable_for_compilation
+from thunder_remat.executors.hooks.builtin_pass import activated, deferring_builds
+from thunder_remat.executors.hooks.compile_stash import compilation_of, context_of, entered, stash, stashed_now
+from thunder_remat.executors.hooks.thunder_speedups import enable_for_compilation
 from thunder_remat.trace_facts import is_joint_trace
 
 __all__ = ["install", "record_provenance", "fuse_as_thunder_alone", "fuse_as_thunder_alone_now"]
@@ -109,10 +109,6 @@ def fuse_as_thunder_alone(jitted, joint, compilation: int | None = None):
     (``compile_data_and_stats``), its language context, and the cache info of the jit call that
     compiled it (``thunder._cache_info_ctx``, which ``ltorch.full``/``ones`` read for the default
     dtype and device when a fusion pass lowers them again)."""
-    from thunder.core.compile_data import compile_data_and_stats
-    from thunder.core.langctxs import langctx
-
-    cd, cs = thunder.compile_data(jitted), thunder.compile_stats(jitted)
     record = compilation_of(jitted, compilation)
     executors = None if record is None else record.get("executors")
     if executors is None:
@@ -120,7 +116,7 @@ def fuse_as_thunder_alone(jitted, joint, compilation: int | None = None):
     original = _unwrap(thunder.transform_for_execution, "_thunder_remat_pipeline")
     # a copy: the fusion passes must not change the recorded cache info
     info = record.get("cache_info")
-    with compile_data_and_stats(cd, cs), langctx(cd.langctx), deferring_builds(), \
+    with entered(context_of(jitted), language=True), deferring_builds(), \
             cache_info_restored(dict(info) if info is not None else {}):
         return original(joint, executors, use_del_last_used=False)[-1]
 

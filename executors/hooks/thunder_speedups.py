@@ -26,22 +26,20 @@ import contextvars
 
 import thunder.core.transform_common as _transform_common
 import thunder.executors.utils as _executor_utils
-from thunder.core.compile_data import get_compile_data
 from thunder.core.prims import OpTags
 from thunder.core.symbol import has_tags
 
+from thunder_remat.executors.hooks.compile_stash import mark_speedups, speedups_marked
+
 __all__ = ["install", "enable_for_compilation", "forced", "active"]
 
-_MARK = "_thunder_remat_speedups"
 _FORCED: contextvars.ContextVar[bool] = contextvars.ContextVar("thunder_remat_speedups_forced", default=False)
 _DONT_DCE = {OpTags.DONT_DCE}
 
 
 def enable_for_compilation() -> None:
     """Use the stand-ins for the rest of the compilation in progress (and later ones of it)."""
-    cd = get_compile_data()
-    if cd is not None:
-        setattr(cd, _MARK, True)
+    mark_speedups()
 
 
 @contextlib.contextmanager
@@ -55,7 +53,7 @@ def forced():
 
 
 def active() -> bool:
-    return _FORCED.get() or getattr(get_compile_data(), _MARK, False)
+    return _FORCED.get() or speedups_marked()
 
 
 def _carries_dont_dce(bsym) -> bool:

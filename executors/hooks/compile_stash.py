@@ -16,24 +16,31 @@ Thunder keeps with that cache entry:
   (``cs.last_computation`` cannot: Thunder wraps the entry's ``computation_fn`` in a fresh timer on
   every call.) ``cs.interpreter_cache`` lists the cache entries in the order they were made.
 
-The records live in one attribute, ``_thunder_remat_compilations``, on the ``CompileData``; this
-module is the only one that writes thunder_remat's state there.
+Everything thunder_remat keeps there lives in one attribute, ``_thunder_remat_state``, on the
+``CompileData`` (the records, and whether the linear-time stand-ins of ``thunder_speedups`` are on
+for the function); this module is the only one that writes it, and the only one that reads
+Thunder's compile data and stats (the transforms of the compilation in progress, re-entering a
+compilation's context to build or fuse later).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import contextlib
+
 __all__ = ["STASHED", "Compilation", "stash", "stashed_now", "stashed", "stash_for", "compilation_of",
            "compilations", "cache_entry_of", "last_index", "computation_traces_of", "is_inference",
-           "training_compilations"]
+           "training_compilations", "transforms_now", "context_now", "context_of", "entered",
+           "mark_speedups", "speedups_marked"]
 
-#: everything stored per compilation: the joint trace as first seen, each pass's result, the
-#: cached bytes Thunder alone would save, the executors the joint trace was fused with, the jit
-#: call's cache info (default dtype and device, grad mode, ...), the provenance lines
-STASHED = ("joint_trace", "save_result", "pair_result", "alone", "executors", "cache_info", "provenance")
+#: everything stored per compilation: the joint trace as first seen, the session record both passes
+#: read (``records.RematSession``), each pass's result, the cached bytes Thunder alone would save,
+#: the executors the joint trace was fused with, the jit call's cache info (default dtype and
+#: device, grad mode, ...), the provenance lines
+STASHED = ("joint_trace", "session", "save_result", "pair_result", "alone", "executors", "cache_info", "provenance")
 
-_RECORDS = "_thunder_remat_compilations"
+_STATE = "_thunder_remat_state"
 
 
 @dataclass(eq=False)
@@ -46,6 +53,25 @@ class Compilation:
 
     def get(self, name: str):
         return self.values.get(_checked(name))
+
+
+@dataclass(eq=False)
+class _State:
+    """thunder_remat's state on one ``CompileData`` (one jitted function)."""
+
+    compilations: list = field(default_factory=list)
+    #: the stand-ins of ``thunder_speedups`` are on for this function's compilations
+    speedups: bool = False
+
+
+def _state(cd, create: bool) -> _State | None:
+    if cd is None:
+        return None
+    state = getattr(cd, _STATE, None)
+    if state is None and create:
+        state = _State()
+        setattr(cd, _STATE, state)
+    return state
 
 
 def _checked(name: str) -> str:
@@ -62,22 +88,69 @@ def _in_progress():
 
 
 def _record(cd, traces, create: bool) -> Compilation | None:
-    if cd is None or traces is None:
+    state = _state(cd, create) if traces is not None else None
+    if state is None:
         return None
-    records = getattr(cd, _RECORDS, None)
-    if records is None:
-        if not create:
-            return None
-        records = []
-        setattr(cd, _RECORDS, records)
-    for record in records:
+    for record in state.compilations:
         if record.traces is traces:
             return record
     if not create:
         return None
     record = Compilation(traces)
-    records.append(record)
+    state.compilations.append(record)
     return record
+
+
+def transforms_now() -> tuple:
+    """The transforms of the compilation in progress (empty outside one)."""
+    cd, _ = _in_progress()
+    return tuple(getattr(cd, "transforms", None) or ())
+
+
+def context_now():
+    """The compile data and stats of the compilation in progress, to re-enter with ``entered``."""
+    return _in_progress()
+
+
+def context_of(jitted):
+    """The compile data and stats of ``jitted``, to re-enter with ``entered``."""
+    import thunder
+
+    return thunder.compile_data(jitted), thunder.compile_stats(jitted)
+
+
+@contextlib.contextmanager
+def entered(context, *, language: bool = False):
+    """Inside a compilation's compile data and stats (``context_now``/``context_of``) again, as
+    Thunder 0.2.6 holds them while it compiles; ``language``: in its language context too."""
+    from thunder.core.compile_data import compile_data_and_stats
+    from thunder.core.langctxs import langctx
+
+    cd, cs = context
+    with compile_data_and_stats(cd, cs), (langctx(cd.langctx) if language else contextlib.nullcontext()):
+        yield
+
+
+def mark_speedups() -> None:
+    """Turn the ``thunder_speedups`` stand-ins on for the function being compiled (the rest of this
+    compilation and its later ones)."""
+    cd, _ = _in_progress()
+    state = _state(cd, create=True)
+    if state is not None:
+        state.speedups = True
+
+
+def speedups_marked(jitted=None) -> bool:
+    """The compilation in progress (or ``jitted``) belongs to a function ``mark_speedups`` was
+    called for."""
+    if jitted is None:
+        cd, _ = _in_progress()
+    else:
+        import thunder
+
+        cd = thunder.compile_data(jitted)
+    state = _state(cd, create=False)
+    return state is not None and state.speedups
 
 
 def stash(name: str, value) -> None:

@@ -9,13 +9,12 @@ all-gather parameters in the forward), so the transform is the only reliable sig
 
 from __future__ import annotations
 
-from thunder.core.compile_data import get_compile_data
+from thunder_remat.executors.hooks.compile_stash import transforms_now
 
 __all__ = ["zero3_active"]
 
 
 def zero3_active() -> bool:
-    cd = get_compile_data()
     try:
         from thunder.distributed import FSDPType
         from thunder.distributed.transforms.fsdp_v2 import FSDPTransform
@@ -23,5 +22,5 @@ def zero3_active() -> bool:
         return False
     return any(
         isinstance(t, FSDPTransform) and t.sharding_strategy == FSDPType.ZERO3
-        for t in (getattr(cd, "transforms", None) or ())
+        for t in transforms_now()
     )
