@@ -25,7 +25,7 @@ LAYERS = (
     ("inspect", "models", "zoo", "__main__", "__init__"),
 )
 #: modules that must not import thunder, directly or through the thunder_remat modules they import
-PLAIN = ("solvers", "policies", "budget", "records", "whole_graph.problem", "whole_graph.planner", "pairs.problem",
+PLAIN = ("solvers", "policies", "budget", "records", "whole_graph.problem", "whole_graph.planner", "whole_graph.reasons", "pairs.problem",
          "pairs.solve")
 
 

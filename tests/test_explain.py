@@ -259,3 +259,29 @@ def test_given_a_step_explain_reports_the_measured_peak_beside_the_estimate():
     assert f"step peak: estimated {estimate:,} B; measured {report.peak_measured:,} B" in str(report)
     assert json.loads(json.dumps(report.to_dict()))["peak_measured"] == report.peak_measured
     assert thunder_remat.explain(jm).peak_measured is None
+
+
+def test_explain_prints_the_reasons_the_passes_recorded():
+    """Every reason ``explain`` gives is the one recorded when the plan was chosen (a changed rule
+    shows up without the report knowing it), and the pair pass's records say why too."""
+    from dataclasses import dataclass
+
+    from thunder_remat.policies import DEFAULT_POLICIES, Verdict
+
+    @dataclass(frozen=True)
+    class KeepSoftmax:
+        def judge(self, op):
+            return Verdict("hard", "softmax stays, says the test") if "softmax" in op.op else None
+
+    jm, _ = jit_and_run("gpt", remat_memory_budget=0.0, remat_policies=(*DEFAULT_POLICIES, KeepSoftmax()))
+    report, result = thunder_remat.explain(jm), thunder_remat.last_save_plan(jm)
+    recorded = result.reasons
+    activations = [v for v in report.saved if v.activation]
+    assert activations and all(v.reason == recorded.saved[v.name] for v in activations if v.name in recorded.saved)
+    assert any(v.reason == "cannot be recomputed: softmax stays, says the test" for v in activations)
+    by_name = {name: i for i in result.choice.plan.recomputed for op in result.problem.ops if op.index == i
+               for name in op.outputs}
+    whole_graph = [r for r in report.recomputed if r.where.startswith("backward")]
+    assert whole_graph and all(r.reason == recorded.recomputed[by_name[r.name]] for r in whole_graph)
+    for r in report.recomputed:
+        assert r.reason and f"{r.name} ({r.op}) in {r.where}: {r.reason}" in str(report)

@@ -146,6 +146,33 @@ def test_one_helper_verifies_and_undoes_a_rewrite():
     assert undone.failure.startswith("verification failed: ")
 
 
+def test_the_plan_records_why_it_saves_and_recomputes_each_value():
+    """Reasons are recorded with the result when the plan is chosen, in the rules' own words: a
+    rule changed (here: a policy that keeps ``exp``, with its own reason) is seen in the record."""
+    from dataclasses import dataclass
+
+    from thunder_remat.policies import Verdict
+    from thunder_remat.whole_graph.reasons import CHOSEN_BY_CUT, RECOMPUTED_BY_CUT
+
+    trace, v = chain_joint_trace()
+    result = plan_saved_values(trace, RematConfig(memory_budget=1.0))
+    ops = {op.index: op for op in result.problem.ops}
+    assert result.reasons.saved == {v["a"].name: CHOSEN_BY_CUT, "w": "input (held in memory anyway)",
+                                    "x": "input (held in memory anyway)"}
+    assert result.reasons.recomputed == {4: RECOMPUTED_BY_CUT} and ops[4].op == "sin"
+
+    @dataclass(frozen=True)
+    class KeepExp:
+        def judge(self, op):
+            return Verdict("hard", "exp stays, says the test") if op.op == "exp" else None
+
+    ruled = plan_saved_values(trace, RematConfig(memory_budget=0.0, policies=(*DEFAULT_POLICIES, KeepExp())))
+    assert ruled.reasons.saved[v["a"].name] == "cannot be recomputed: exp stays, says the test"
+    assert ruled.reasons.recomputed == {4: RECOMPUTED_BY_CUT}
+    smallest = plan_saved_values(trace, RematConfig(memory_budget=0.0))
+    assert smallest.reasons.recomputed[2] == "budget overrules the policy: " + ops[2].soft_ban
+
+
 def test_schedules_of_one_trace_share_its_names():
     """A schedule made with the trace's names read once is the one made without them, and its
     peak estimate reads them (checkpoint candidates share one record)."""

@@ -25,7 +25,7 @@ syncs): running them twice changes program state, or hangs another rank. See
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 __all__ = [
     "OpFacts",
@@ -208,8 +208,13 @@ class Judgement:
 
     hard: str | None = None
     soft: str | None = None
-    recompute: bool = False
-    reasons: tuple[str, ...] = field(default=())
+    #: why the op is recomputed whatever the budget (a RECOMPUTE verdict, or a structural rule of
+    #: the whole-graph pass: a ZeRO-3 re-gather, an op Thunder's split moves to the backward)
+    recompute_reason: str | None = None
+
+    @property
+    def recompute(self) -> bool:
+        return self.recompute_reason is not None
 
     @property
     def keeps_in_producer(self) -> str | None:
@@ -223,9 +228,8 @@ def judge_op(op: OpFacts, policies) -> Judgement:
     """Combine the structural bans and every policy's verdict on ``op``."""
     for tag, reason in STRUCTURAL_HARD_BANS.items():
         if tag in op.tags:
-            return Judgement(hard=reason, reasons=(reason,))
-    hard = soft = None
-    recompute = False
+            return Judgement(hard=reason)
+    hard = soft = recompute = None
     for policy in policies:
         verdict = policy.judge(op)
         if verdict is None:
@@ -234,11 +238,11 @@ def judge_op(op: OpFacts, policies) -> Judgement:
             hard = verdict.reason
         elif verdict.kind is VerdictKind.SOFT and soft is None:
             soft = verdict.reason
-        elif verdict.kind is VerdictKind.RECOMPUTE:
-            recompute = True
+        elif verdict.kind is VerdictKind.RECOMPUTE and recompute is None:
+            recompute = verdict.reason
     # An explicit request to recompute (checkpoint) overrules a soft preference to save.
-    recompute = recompute and hard is None
-    return Judgement(hard=hard, soft=None if (hard or recompute) else soft, recompute=recompute)
+    recompute = recompute if hard is None else None
+    return Judgement(hard=hard, soft=None if (hard or recompute) else soft, recompute_reason=recompute)
 
 
 def check_policies(policies) -> tuple:

@@ -49,6 +49,8 @@ class RecomputedValue:
     #: "backward" (whole-graph pass; "backward checkpoint" when held while the backward runs) or
     #: the consumer region that recomputes it (fusion-pair pass)
     where: str
+    #: why, as the pass recorded it when it decided
+    reason: str = ""
 
 
 @dataclass
@@ -163,36 +165,11 @@ class RematReport:
         if self.recomputed:
             lines.append(f"  recomputed ({len(self.recomputed)}):")
             for r in self.recomputed:
-                lines.append(f"    {r.name} ({r.op}) in {r.where}")
+                lines.append(f"    {r.name} ({r.op}) in {r.where}" + (f": {r.reason}" if r.reason else ""))
         for p in self.pairs:
             lines.append(f"  pair {p.producer} -> {p.consumer}: {p.status.value}, cut {p.cut_value:g} B, "
                          f"recomputes {len(p.recomputed)}")
         return "\n".join(lines)
-
-
-def _reason(name, problem, plan, producer, is_input) -> str:
-    if is_input:
-        return "input (held in memory anyway)"
-    op = producer.get(name)
-    if op is None:
-        return "saved by Thunder's split (not a value of the analysed forward)"
-    if op.hard_ban:
-        return f"cannot be recomputed: {op.hard_ban}"
-    if op.index in plan.kept_bans and op.soft_ban:
-        return f"policy keeps it: {op.soft_ban}"
-    if op.soft_ban and plan.price > 0:
-        return (f"budget: cheaper to save than to recompute at the plan's price of {plan.price:.3g} B per "
-                f"{problem.cost_unit} ({op.soft_ban})")
-    if op.soft_ban:
-        return f"budget: {op.soft_ban} kept as the knapsack chose"
-    blocked = [
-        f"{dep} ({producer[dep].op}: {producer[dep].hard_ban})"
-        for dep in op.inputs
-        if dep in producer and producer[dep].hard_ban and dep not in plan.saved
-    ]
-    if blocked:
-        return "cheaper to save than to recompute (minimum cut); recomputing needs " + ", ".join(blocked)
-    return "cheaper to save than to recompute (minimum cut)"
 
 
 def _times(pass_name: str, result) -> dict[str, float]:
@@ -238,9 +215,10 @@ def explain(jitted, compilation: int | None = None, *, step=None, device="cpu") 
         inference=is_inference(jitted, compilation),
         peak_measured=measured,
     )
-    problem = plan = None
+    problem = plan = reasons = None
     producer = {}
     if save is not None and save.choice is not None:
+        reasons = save.reasons
         problem, plan = save.problem, save.choice.plan
         producer = problem.producer_of()
         report.budget = "none" if save.budget is None else f"{save.budget[0]} {save.budget[1]:g}"
@@ -260,7 +238,7 @@ def explain(jitted, compilation: int | None = None, *, step=None, device="cpu") 
             where = ("backward" if k is None else "backward checkpoint" if k == 1
                      else f"backward checkpoint, level {k} (made from level {k - 1} where first needed)")
             for name in ops[i].outputs:
-                report.recomputed.append(RecomputedValue(name, ops[i].op, where))
+                report.recomputed.append(RecomputedValue(name, ops[i].op, where, reasons.recomputed.get(i, "")))
 
     args = {p.name for p in tree_flatten((fw.args, fw.kwargs))[0] if hasattr(p, "name")}
     # a training forward returns (outputs, saved for backward); an inference one its outputs only
@@ -279,8 +257,12 @@ def explain(jitted, compilation: int | None = None, *, step=None, device="cpu") 
         is_input = (p.name in args or owner in storages.held
                     or (problem is not None and p.name in problem.values and problem.values[p.name].is_input))
         op = producer.get(p.name)
-        reason = _reason(p.name, problem, plan, producer, is_input) if problem is not None else (
-            "input (held in memory anyway)" if is_input else "read by the backward (whole-graph pass off)")
+        if is_input:
+            reason = "input (held in memory anyway)"
+        elif reasons is None:
+            reason = "read by the backward (whole-graph pass off)"
+        else:
+            reason = reasons.saved.get(p.name, "saved by Thunder's split (not a value of the analysed forward)")
         report.saved.append(SavedValue(
             name=p.name, shape=tuple(int(d) if isinstance(d, int) else str(d) for d in p.shape),
             dtype=str(p.dtype).replace("thunder.dtypes.", ""), nbytes=value_bytes(p), activation=not is_input,
@@ -292,5 +274,5 @@ def explain(jitted, compilation: int | None = None, *, step=None, device="cpu") 
         for rec in pairs.pairs:
             report.pairs.append(rec)
             for name in rec.recomputed:
-                report.recomputed.append(RecomputedValue(name, "", rec.consumer))
+                report.recomputed.append(RecomputedValue(name, "", rec.consumer, rec.recompute_reason))
     return report

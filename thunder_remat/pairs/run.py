@@ -57,6 +57,8 @@ class PairRecord:
     bytes_after: int = 0
     handed_over: tuple[str, ...] = ()
     recomputed: tuple[str, ...] = ()
+    #: why the consumer recomputes ``recomputed`` (empty when it recomputes nothing)
+    recompute_reason: str = ""
     #: the solved value network (``ValueNetwork``) and its CutResult, for drawings
     network: object = field(default=None, repr=False, compare=False)
     cut: object = field(default=None, repr=False, compare=False)
@@ -67,6 +69,10 @@ class PairRecord:
                 "failure": self.failure, "cut_value": self.cut_value, "bytes_before": self.bytes_before,
                 "bytes_after": self.bytes_after, "handed_over": list(self.handed_over),
                 "recomputed": list(self.recomputed)}
+
+
+#: why a consumer region recomputes a producer's values: the pair's minimum cut
+RECOMPUTED_IN_CONSUMER = "fewer bytes cross between the two regions (the pair's minimum cut)"
 
 
 @dataclass
@@ -213,6 +219,7 @@ def rematerialize_fusion_pairs(
                 rewritten.bytes_after,
                 rewritten.handed_over,
                 rewritten.recomputed,
+                RECOMPUTED_IN_CONSUMER if rewritten.recomputed else "",
                 network=pair_network,
                 cut=cut,
             )

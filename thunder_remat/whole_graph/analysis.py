@@ -85,11 +85,11 @@ def build_save_problem(trace, policies, *, regather_params: bool = False) -> Sav
         constant_reads = sum(p.name in constants for p in reads)
         judgement = judge_op(op_facts(bsym, names, outs, reads, constant_reads), policies)
         if i in regather:
-            judgement = Judgement(recompute=True, reasons=(REGATHER,))
+            judgement = Judgement(recompute_reason=REGATHER)
         elif i not in in_forward and judgement.hard is None:
             # Thunder's split runs a forward op the forward outputs do not need in the backward,
             # whatever the plan: its outputs are never saved.
-            judgement = Judgement(recompute=True, reasons=(MOVED_BY_SPLIT,))
+            judgement = Judgement(recompute_reason=MOVED_BY_SPLIT)
         # An op fed by nothing but constants (arange, a causal mask from it) makes a constant:
         # Thunder's forward/backward split recomputes those in the backward whatever the plan says,
         # so the plan prices them at nothing and never counts them as saved.
@@ -106,6 +106,7 @@ def build_save_problem(trace, policies, *, regather_params: bool = False) -> Sav
                 hard_ban=judgement.hard,
                 soft_ban=judgement.soft,
                 force_recompute=judgement.recompute,
+                recompute_reason=judgement.recompute_reason,
                 source=_source(bsym),
                 collective=collective_name(bsym) is not None,
                 writes=destination,

@@ -62,6 +62,8 @@ class ForwardOp:
     hard_ban: str | None = None
     soft_ban: str | None = None
     force_recompute: bool = False
+    #: why ``force_recompute`` (the rule that asked for it)
+    recompute_reason: str | None = None
     source: str = ""
     #: a communication op (a ZeRO-3 re-gather): the backward never issues it twice
     collective: bool = False

@@ -17,6 +17,7 @@ from thunder_remat.budget import BudgetKind
 from thunder_remat.policies import contraction_kind
 from thunder_remat.records import PassResult, PassStatus
 from thunder_remat.verify import kept_if_verified
+from thunder_remat.whole_graph.reasons import PlanReasons, plan_reasons
 from thunder_remat.whole_graph.analysis import build_save_problem
 from thunder_remat.whole_graph.checkpoints import checkpointed_schedule
 from thunder_remat.whole_graph.peak import predict_regions
@@ -67,6 +68,8 @@ class SavePassResult(PassResult):
     #: asked, no fusion executor, or a saved-bytes budget); fraction 1.0 saves no more, and a peak
     #: budget walks no plan that saves more
     ceiling: int | None = None
+    #: why the plan saves each value and recomputes each op, recorded when it was chosen
+    reasons: PlanReasons | None = None
     _frontier: Frontier | None = field(default=None, repr=False, compare=False)
 
     @property
@@ -209,6 +212,7 @@ def plan_saved_values(trace, config, *, zero3: bool = False, fusible=None, kerne
             checkpoints = checkpointed_schedule(trace, problem, choice, window=window,
                                                 setting=config.checkpoint_budget, timings=timings, regions=regions)
         result.choice = choice
+        result.reasons = plan_reasons(problem, choice.plan)
         _record_checkpoints(result, checkpoints)
         if peak_budget:
             result.peak_estimate = picked.peak
