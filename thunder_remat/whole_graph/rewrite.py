@@ -100,87 +100,108 @@ def schedule_copies(trace, recomputed_indices, *, window: int | None = None, che
     ``names``: the trace's ``trace_names``, when the caller schedules the same trace more than once.
     """
     schedule = CopySchedule(trace, names=names)
-    recompute = {i: trace.bound_symbols[i] for i in recomputed_indices}
-    if not recompute:
+    if not recomputed_indices:
         return schedule
-    names = schedule.trace_names()
-    producer_index = {p.name: i for i, b in recompute.items() for p in b.flat_proxy_outs}
-    reads_of = {i: names.reads[i] for i in recompute}
-    pinned, first_readers = _write_groups(recompute, reads_of, names)
-    level: dict[int, int] = {}  # checkpoint op -> its level (1: outermost)
-    for depth, ops in enumerate(checkpoints, start=1):
-        for i in ops:
-            level.setdefault(i, depth)
-    beyond = len(checkpoints) + 1  # the level of ops that are no checkpoint
-    # op index -> [its latest copy, position of last read, level of the checkpoint it was made to
-    # compute (beyond: made for a backward use)]
-    latest: dict[int, list] = {}
-    made: dict[int, int] = {}  # op index -> copies made of it
-    length = 0  # bound symbols of the rewritten trace so far
-    pending: list[int] = []  # copies to place before the reader being processed
+    scheduler = _CopyScheduler(schedule, recomputed_indices, window=window, cheap=cheap, checkpoints=checkpoints,
+                               segments=segments, max_cheap_copies=max_cheap_copies)
+    scheduler.run(early)
+    return schedule
 
-    def fresh_enough(i: int, entry, pos: int) -> bool:
-        if window is None or pos - entry[1] <= window or i in pinned:
-            return True
-        if i in cheap:
-            return made[i] >= max_cheap_copies
-        if i in level or i in segments:  # stale and made for an outer level: make it again
-            return entry[2] >= level.get(i, beyond)
-        return True  # a collective (ZeRO-3 re-gather): never issued twice
 
-    def emit(i: int, pos: int, made_for: int = beyond) -> int:
-        nonlocal length
-        entry = latest.get(i)
-        if entry is not None and fresh_enough(i, entry, pos):
-            entry[1] = pos
-            return entry[0]
-        under = min(made_for, level.get(i, beyond))
-        inputs = {}
-        for name in reads_of[i]:
-            j = producer_index.get(name)
-            if j is not None and j != i:
-                inputs[name] = emit(j, pos, under)
-        for j in first_readers.get(i, ()):  # they read what this write overwrites: before it, once
-            if j not in latest:
-                emit(j, pos, under)
-        schedule.copies.append((i, inputs))
-        copy = len(schedule.copies) - 1
-        pending.append(copy)
-        length += 1
-        made[i] = made.get(i, 0) + 1
-        latest[i] = [copy, pos, made_for]
-        return copy
+@dataclass
+class _LatestCopy:
+    """The newest copy of one forward op while the schedule is made."""
 
-    try:
+    #: its number in ``CopySchedule.copies``
+    copy: int
+    #: rewritten position of its last read so far (the reader it was made or reused for)
+    last_read: int
+    #: the checkpoint level of the op it was made to compute (``beyond``: made for a backward use)
+    made_for: int
+
+
+class _CopyScheduler:
+    """Fills one ``CopySchedule`` (see ``schedule_copies`` for the rules)."""
+
+    def __init__(self, schedule: CopySchedule, recomputed_indices, *, window, cheap, checkpoints, segments,
+                 max_cheap_copies: int) -> None:
+        trace = schedule.trace
+        self.schedule, self.window, self.cheap = schedule, window, cheap
+        self.segments, self.max_cheap_copies, self.checkpoints = segments, max_cheap_copies, checkpoints
+        recompute = {i: trace.bound_symbols[i] for i in recomputed_indices}
+        self.names = schedule.trace_names()
+        self.producer_index = {p.name: i for i, b in recompute.items() for p in b.flat_proxy_outs}
+        self.reads_of = {i: self.names.reads[i] for i in recompute}
+        self.pinned, self.first_readers = _write_groups(recompute, self.reads_of, self.names)
+        self.level: dict[int, int] = {}  # checkpoint op -> its level (1: outermost)
+        for depth, ops in enumerate(checkpoints, start=1):
+            for i in ops:
+                self.level.setdefault(i, depth)
+        self.beyond = len(checkpoints) + 1  # the level of ops that are no checkpoint
+        self.latest: dict[int, _LatestCopy] = {}
+        self.made: dict[int, int] = {}  # op index -> copies made of it
+        self.length = 0  # bound symbols of the rewritten trace so far
+        self.pending: list[int] = []  # copies to place before the reader being processed
+
+    def run(self, early: bool) -> None:
+        schedule, names = self.schedule, self.names
         placed = 0  # bound symbols of the trace before ``position``: the rewritten length is placed + copies
-        readers = [p for p in names.backward_readers if any(n in producer_index for n in names.reads[p])]
+        readers = [p for p in names.backward_readers if any(n in self.producer_index for n in names.reads[p])]
         # Every copy placed before one reader is read there: each is emitted at the reader's
         # position as it was before them (``at``), so a reader of two values, or of one value
         # twice, never finds the copy it made for its first read stale at its second.
-        if early and checkpoints and readers:
-            length, placed = readers[0], readers[0]
-            at = length
-            for i in sorted(checkpoints[0]):
-                emit(i, at)
+        if early and self.checkpoints and readers:
+            self.length, placed = readers[0], readers[0]
+            at = self.length
+            for i in sorted(self.checkpoints[0]):
+                self.emit(i, at, self.beyond)
         for position in names.backward_readers:
-            length += position - placed
+            self.length += position - placed
             placed = position
-            at = length
+            at = self.length
             reads = {}
             for name in names.reads[position]:
-                j = producer_index.get(name)
+                j = self.producer_index.get(name)
                 if j is not None:
-                    reads[name] = emit(j, at)
-            if pending:
-                schedule.before[position] = list(pending)
-                pending.clear()
+                    reads[name] = self.emit(j, at, self.beyond)
+            if self.pending:
+                schedule.before[position] = list(self.pending)
+                self.pending.clear()
             if reads:
                 schedule.reads[position] = reads
-    finally:
-        # emit's closure holds emit itself: without this the cycle would keep every dropped
-        # schedule alive until a garbage collection (the passes pause the collector)
-        emit = None
-    return schedule
+
+    def fresh_enough(self, i: int, latest: _LatestCopy, pos: int) -> bool:
+        if self.window is None or pos - latest.last_read <= self.window or i in self.pinned:
+            return True
+        if i in self.cheap:
+            return self.made[i] >= self.max_cheap_copies
+        if i in self.level or i in self.segments:  # stale and made for an outer level: make it again
+            return latest.made_for >= self.level.get(i, self.beyond)
+        return True  # a collective (ZeRO-3 re-gather): never issued twice
+
+    def emit(self, i: int, pos: int, made_for: int) -> int:
+        """The copy of op ``i`` a reader at rewritten position ``pos`` reads: the latest if fresh
+        enough, else a new one (and, first, what it reads)."""
+        latest = self.latest.get(i)
+        if latest is not None and self.fresh_enough(i, latest, pos):
+            latest.last_read = pos
+            return latest.copy
+        under = min(made_for, self.level.get(i, self.beyond))
+        inputs = {}
+        for name in self.reads_of[i]:
+            j = self.producer_index.get(name)
+            if j is not None and j != i:
+                inputs[name] = self.emit(j, pos, under)
+        for j in self.first_readers.get(i, ()):  # they read what this write overwrites: before it, once
+            if j not in self.latest:
+                self.emit(j, pos, under)
+        self.schedule.copies.append((i, inputs))
+        copy = len(self.schedule.copies) - 1
+        self.pending.append(copy)
+        self.length += 1
+        self.made[i] = self.made.get(i, 0) + 1
+        self.latest[i] = _LatestCopy(copy, pos, made_for)
+        return copy
 
 
 def _write_groups(recompute: dict, reads_of: dict, names: TraceNames) -> tuple[set[int], dict[int, list[int]]]:
