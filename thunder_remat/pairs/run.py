@@ -109,9 +109,10 @@ class PairPassResult(PassResult):
         return text
 
 
-def find_fusion_pairs(bsyms) -> list[tuple[int, int]]:
-    """(producer index, consumer index) for fusion regions where the consumer reads a producer output."""
-    readers = _readers(bsyms)
+def find_fusion_pairs(bsyms, readers: dict[str, set[int]] | None = None) -> list[tuple[int, int]]:
+    """(producer index, consumer index) for fusion regions where the consumer reads a producer
+    output; ``readers``: ``_readers(bsyms)`` when the caller has it."""
+    readers = _readers(bsyms) if readers is None else readers
     pairs = set()
     for i, bsym in enumerate(bsyms):
         if not bsym.sym.is_fusion:
@@ -124,6 +125,7 @@ def find_fusion_pairs(bsyms) -> list[tuple[int, int]]:
 
 
 def _readers(bsyms) -> dict[str, set[int]]:
+    """Value name -> positions of the bound symbols that read it."""
     readers: dict[str, set[int]] = defaultdict(set)
     for i, bsym in enumerate(bsyms):
         for p in bsym.flat_proxy_args:
@@ -139,6 +141,37 @@ def _written_in_place(bsyms) -> dict[str, int]:
         if name is not None:
             writes[name] += 1
     return dict(writes)
+
+
+@dataclass
+class _PairVisit:
+    """What visiting the pairs of one trace works on: the bound symbols as rewritten so far, who
+    reads each value, and what the pass's rules need of the trace."""
+
+    bsyms: list
+    readers: dict[str, set[int]]
+    written: dict[str, int]
+    config: RematConfig
+    session: RematSession
+    adapter_for: Callable
+    tags_of: TagReader = field(default_factory=TagReader)
+    changed: set[int] = field(default_factory=set)
+
+    def replace(self, i: int, new) -> None:
+        """Bound symbol ``i`` becomes ``new`` (the readers follow)."""
+        for p in self.bsyms[i].flat_proxy_args:
+            self.readers[p.name].discard(i)
+        for p in new.flat_proxy_args:
+            self.readers[p.name].add(i)
+        self.bsyms[i] = new
+        self.changed.add(i)
+
+    def kept_for_save_plan(self, producer, consumer) -> bool:
+        """The whole-graph plan placed what this pair's consumer reads (``RematSession``)."""
+        if not is_backward_region(consumer):
+            return False
+        return self.session.planned_below_fastest or (self.session.saved_set_planned
+                                                      and not is_backward_region(producer))
 
 
 def rematerialize_fusion_pairs(
@@ -159,92 +192,81 @@ def rematerialize_fusion_pairs(
     fastest (``planned_below_fastest``) pairs between backward regions too, so that the regions
     hold what the plan's peak estimate counted.
     """
-    bsyms = list(trace.bound_symbols)
     result = PairPassResult(trace)
-    timings = result.timings
-    with timings.stage("analysis"):
-        pairs = find_fusion_pairs(bsyms)
+    with result.timings.stage("analysis"):
+        bsyms = list(trace.bound_symbols)
         readers = _readers(bsyms)
-        written = _written_in_place(bsyms)
+        pairs = find_fusion_pairs(bsyms, readers)
+        visit = _PairVisit(bsyms, readers, _written_in_place(bsyms), config, session, adapter_for)
     if not pairs:
         return result
-    tags_of = TagReader()
-    changed: set[int] = set()
-
     for pi, ci in pairs:
-        producer, consumer = bsyms[pi], bsyms[ci]
-        consumer_reads = {p.name for p in consumer.flat_proxy_args}
-        if not any(o.name in consumer_reads for o in producer.flat_proxy_outs):
-            continue
-        name = f"{producer.sym.name} -> {consumer.sym.name}"
-        if is_backward_region(consumer) and (session.planned_below_fastest or (session.saved_set_planned
-                                                                               and not is_backward_region(producer))):
-            result.pairs.append(PairRecord(producer.sym.name, consumer.sym.name, PairStatus.KEPT_FOR_SAVE_PLAN))
-            continue
-        try:
-            with timings.stage("analysis"):
-                external = {o.name for o in producer.flat_proxy_outs if readers.get(o.name, set()) - {pi, ci}}
-                same = producer.sym.executor is consumer.sym.executor
-                consumer_adapter = adapter_for(consumer.sym.executor)
-                problem = build_pair_problem(
-                    producer,
-                    consumer,
-                    external_outputs=external,
-                    written=written,
-                    consumer_can_fuse=consumer_adapter.can_fuse,
-                    same_executor=same,
-                    producer_input_discount=config.producer_input_discount,
-                    policies=config.policies,
-                    tags_of=tags_of,
-                )
-            with timings.stage("solve"):
-                pair_network, cut, plan = solve_pair(problem)
-            with timings.stage("rewrite"):
-                rewritten = rewrite_pair(producer, consumer, plan, external_outputs=external, pinned=problem.pinned,
-                                         crossing_bytes=problem.crossing_bytes)
-        except Exception as exc:  # containment: a pair we cannot handle keeps Thunder's regions
-            warnings.warn(f"thunder_remat: left fusion pair {name} untouched: {type(exc).__name__}: {exc}")
-            result.pairs.append(PairRecord(producer.sym.name, consumer.sym.name, PairStatus.FAILED,
-                                           failure=f"{type(exc).__name__}: {exc}"))
-            continue
-        status = PairStatus.REWRITTEN if rewritten.recomputed else PairStatus.UNCHANGED
-        result.pairs.append(
-            PairRecord(
-                producer.sym.name,
-                consumer.sym.name,
-                status,
-                None,
-                cut.value,
-                rewritten.bytes_before,
-                rewritten.bytes_after,
-                rewritten.handed_over,
-                rewritten.recomputed,
-                RECOMPUTED_IN_CONSUMER if rewritten.recomputed else "",
-                network=pair_network,
-                cut=cut,
-            )
-        )
-        log.debug("pair %s: %s, cut %s, recomputed %s", name, status.value, cut.value, rewritten.recomputed)
-        if not rewritten.recomputed:
-            continue
-        for i, new in ((pi, rewritten.producer), (ci, rewritten.consumer)):
-            for p in bsyms[i].flat_proxy_args:
-                readers[p.name].discard(i)
-            for p in new.flat_proxy_args:
-                readers[p.name].add(i)
-            bsyms[i] = new
-            changed.add(i)
+        record = _visit_pair(visit, pi, ci, result.timings)
+        if record is not None:
+            result.pairs.append(record)
+    _reemit(visit, trace, finalize, result)
+    return result
 
-    with timings.stage("reemit"):
+
+def _visit_pair(visit: _PairVisit, pi: int, ci: int, timings) -> PairRecord | None:
+    """Solve and rewrite one pair in ``visit`` (None: the consumer no longer reads the producer,
+    an earlier pair's rewrite took its reads). A pair that fails is left as it was."""
+    producer, consumer = visit.bsyms[pi], visit.bsyms[ci]
+    consumer_reads = {p.name for p in consumer.flat_proxy_args}
+    if not any(o.name in consumer_reads for o in producer.flat_proxy_outs):
+        return None
+    names = dict(producer=producer.sym.name, consumer=consumer.sym.name)
+    if visit.kept_for_save_plan(producer, consumer):
+        return PairRecord(**names, status=PairStatus.KEPT_FOR_SAVE_PLAN)
+    try:
+        with timings.stage("analysis"):
+            external = {o.name for o in producer.flat_proxy_outs if visit.readers.get(o.name, set()) - {pi, ci}}
+            problem = build_pair_problem(
+                producer,
+                consumer,
+                external_outputs=external,
+                written=visit.written,
+                consumer_can_fuse=visit.adapter_for(consumer.sym.executor).can_fuse,
+                same_executor=producer.sym.executor is consumer.sym.executor,
+                producer_input_discount=visit.config.producer_input_discount,
+                policies=visit.config.policies,
+                tags_of=visit.tags_of,
+            )
+        with timings.stage("solve"):
+            pair_network, cut, plan = solve_pair(problem)
+        with timings.stage("rewrite"):
+            rewritten = rewrite_pair(producer, consumer, plan, external_outputs=external, pinned=problem.pinned,
+                                     crossing_bytes=problem.crossing_bytes)
+    except Exception as exc:  # containment: a pair we cannot handle keeps Thunder's regions
+        failure = f"{type(exc).__name__}: {exc}"
+        warnings.warn(f"thunder_remat: left fusion pair {names['producer']} -> {names['consumer']} untouched: "
+                      f"{failure}")
+        return PairRecord(**names, status=PairStatus.FAILED, failure=failure)
+    status = PairStatus.REWRITTEN if rewritten.recomputed else PairStatus.UNCHANGED
+    log.debug("pair %s -> %s: %s, cut %s, recomputed %s", names["producer"], names["consumer"], status.value,
+              cut.value, rewritten.recomputed)
+    if rewritten.recomputed:
+        visit.replace(pi, rewritten.producer)
+        visit.replace(ci, rewritten.consumer)
+    return PairRecord(**names, status=status, cut_value=cut.value, bytes_before=rewritten.bytes_before,
+                      bytes_after=rewritten.bytes_after, handed_over=rewritten.handed_over,
+                      recomputed=rewritten.recomputed,
+                      recompute_reason=RECOMPUTED_IN_CONSUMER if rewritten.recomputed else "",
+                      network=pair_network, cut=cut)
+
+
+def _reemit(visit: _PairVisit, trace, finalize: Callable, result: PairPassResult) -> None:
+    """Re-emit every changed region through its executor and build the output trace; if that
+    fails, the whole pass is abandoned (the input trace is kept)."""
+    with result.timings.stage("reemit"):
         try:
-            for i in sorted(changed):
-                bsyms[i] = adapter_for(bsyms[i].sym.executor).reemit(bsyms[i])
-            result.trace = finalize(trace, bsyms)
-            result.status = PassStatus.REWRITTEN if changed else PassStatus.UNCHANGED
+            for i in sorted(visit.changed):
+                visit.bsyms[i] = visit.adapter_for(visit.bsyms[i].sym.executor).reemit(visit.bsyms[i])
+            result.trace = finalize(trace, visit.bsyms)
+            result.status = PassStatus.REWRITTEN if visit.changed else PassStatus.UNCHANGED
         except Exception as exc:
             warnings.warn(
                 f"thunder_remat: re-emitting rewritten fusion regions failed ({type(exc).__name__}: {exc}); "
                 "the fusion-pair pass is abandoned for this trace and Thunder's regions are kept"
             )
             result.fail(trace, f"{type(exc).__name__}: {exc}")
-    return result
