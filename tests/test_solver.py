@@ -173,16 +173,17 @@ def test_collectives_stay_in_the_producer():
     from types import SimpleNamespace
 
     from thunder_remat.policies import STRUCTURAL_HARD_BANS
-    from thunder_remat.pairs.analysis import _keep_in_producer_reason
+    from thunder_remat.pairs.analysis import _KeepRules
     from thunder_remat.trace_facts import TagReader
 
     def bsym(name):
         return SimpleNamespace(sym=SimpleNamespace(name=name, tags=None, id=name), tags=set(), subsymbols=(),
                                flat_proxy_outs=(), flat_proxy_args=())
 
+    keep = _KeepRules(policies=(), tags_of=TagReader(), same_executor=True, consumer_can_fuse=lambda bsym: True)
     for name in ("torch_all_gather_prim_impl", "torch_wait_prim_impl", "wait", "all_reduce"):
-        assert _keep_in_producer_reason(bsym(name), TagReader(), ()) == STRUCTURAL_HARD_BANS["COLLECTIVE"]
-    assert _keep_in_producer_reason(bsym("add"), TagReader(), ()) is None
+        assert keep.reason(bsym(name)) == STRUCTURAL_HARD_BANS["COLLECTIVE"]
+    assert keep.reason(bsym("add")) is None
 
 
 @pytest.mark.parametrize("seed", range(10))

@@ -3,20 +3,25 @@
 
 This is the only stage of the pair pass that reads bound symbols; everything after it works on
 names and byte counts. Which producer ops may run again in the consumer is the policies' call
-(``thunder_remat.policies``), the same rules as the whole-graph pass's.
+(``thunder_remat.policies``), the same rules as the whole-graph pass's; the pair's structure adds
+its own reasons to keep a value in the producer (``_pinned``).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Collection, Mapping
+from dataclasses import dataclass
 
 from thunder_remat.cost import value_bytes
 from thunder_remat.pairs.problem import PairProblem
 from thunder_remat.policies import judge_op
-from thunder_remat.storage import storage_map
+from thunder_remat.storage import StorageMap, storage_map
 from thunder_remat.trace_facts import STALE_WRITE, TagReader, in_place_destination, op_facts
 
 __all__ = ["build_pair_problem"]
+
+CANNOT_FUSE = "consumer's executor cannot fuse it"
+NEEDED_OUTSIDE = "needed outside this pair"
 
 
 def build_pair_problem(
@@ -36,76 +41,108 @@ def build_pair_problem(
     A producer op stays in the producer when the policies judge it hard or soft (the consumer
     recomputes only what the policies let run again freely), or when the consumer's executor
     cannot fuse it."""
-    names: list[str] = []
-    sizes: list[int] = []
-    seen: set[str] = set()
-
-    def add(proxy) -> None:
-        if proxy.name not in seen:
-            seen.add(proxy.name)
-            names.append(proxy.name)
-            sizes.append(value_bytes(proxy))
-
-    for proxy in producer.flat_proxy_args:
-        add(proxy)
-    producer_inputs = frozenset(names)
+    sizes = _producer_values(producer)
+    names = tuple(sizes)
+    producer_inputs = frozenset(p.name for p in producer.flat_proxy_args)
     storages = storage_map(producer.subsymbols, producer.flat_proxy_args)
-
-    tags = tags_of or TagReader()
-    pinned: dict[str, str] = {}
-    writes: dict[str, str] = {}
-    ops = []
-    for bsym in producer.subsymbols:
-        outs = bsym.flat_proxy_outs
-        destination = getattr(in_place_destination(bsym), "name", None)
-        if destination in seen:
-            writes.update((p.name, destination) for p in outs)
-        for proxy in outs:
-            add(proxy)
-        ins = tuple(dict.fromkeys(p.name for p in bsym.flat_proxy_args if p.name in seen))
-        ops.append((ins, tuple(p.name for p in outs)))
-        reason = _keep_in_producer_reason(bsym, tags, policies)
-        if reason is None and not same_executor and not consumer_can_fuse(bsym):
-            reason = "consumer's executor cannot fuse it"
-        if reason is not None:
-            for proxy in outs:
-                pinned.setdefault(proxy.name, reason)
-
+    ops, writes = _producer_ops(producer.subsymbols, producer_inputs)
     consumer_reads = {p.name for p in consumer.flat_proxy_args}
-    producer_outputs = [p.name for p in producer.flat_proxy_outs]
-    for name in producer_outputs:
-        if name in external_outputs:
-            pinned.setdefault(name, "needed outside this pair")
-    needed = tuple(n for n in producer_outputs if n in consumer_reads)
-    # Handing over an external output costs nothing (the producer emits it for others anyway),
-    # and so does handing over any value sharing its storage (its base, when it is a view).
-    alive = {storages.owner_of(n) for n in external_outputs if n in seen}
-    free = frozenset(n for n in names if n in external_outputs or (n in producer_inputs and n in consumer_reads)
-                     or storages.owner_of(n) in alive)
     frozen = _overwritten(names, storages, written, writes)
-    # A write the consumer made again would change what the consumer reads from before it.
-    stale_reads = {storages.owner_of(n) for n in consumer_reads if n in frozen}
-    for out, destination in writes.items():
-        if storages.owner_of(destination) in stale_reads:
-            pinned.setdefault(out, STALE_WRITE)
-
+    keep = _KeepRules(policies, tags_of or TagReader(), same_executor, consumer_can_fuse)
+    producer_outputs = [p.name for p in producer.flat_proxy_outs]
     return PairProblem(
         producer=producer.sym.name,
         consumer=consumer.sym.name,
-        values=tuple(names),
-        nbytes=tuple(sizes),
-        ops=tuple(ops),
+        values=names,
+        nbytes=tuple(sizes.values()),
+        ops=ops,
         producer_inputs=producer_inputs,
-        pinned=pinned,
-        free=free,
+        pinned=_pinned(producer.subsymbols, keep, producer_outputs, external_outputs,
+                       _stale_writes(writes, storages, consumer_reads, frozen)),
+        free=_free(sizes, storages, external_outputs, producer_inputs, consumer_reads),
         frozen=frozen,
-        needed=needed,
+        needed=tuple(n for n in producer_outputs if n in consumer_reads),
         producer_input_discount=producer_input_discount,
         views={n: storages.owner_of(n) for n in names if n in storages.maybe_view},
         storage={n: (storages.owner_of(n), storages.owner_bytes.get(storages.owner_of(n), size))
-                 for n, size in zip(names, sizes)},
+                 for n, size in sizes.items()},
         writes=writes,
     )
+
+
+@dataclass(frozen=True)
+class _KeepRules:
+    """Why a producer op stays in the producer, whatever the cut: the policies' hard or soft
+    verdict, or a consumer executor that cannot fuse it."""
+
+    policies: tuple
+    tags_of: TagReader
+    same_executor: bool
+    consumer_can_fuse: Callable[[object], bool]
+
+    def reason(self, bsym) -> str | None:
+        facts = op_facts(bsym, self.tags_of(bsym), bsym.flat_proxy_outs, bsym.flat_proxy_args)
+        reason = judge_op(facts, self.policies).keeps_in_producer
+        if reason is None and not self.same_executor and not self.consumer_can_fuse(bsym):
+            return CANNOT_FUSE
+        return reason
+
+
+def _producer_values(producer) -> dict[str, int]:
+    """Every value of the producer, its inputs first then its ops' outputs in order -> its bytes."""
+    sizes: dict[str, int] = {}
+    for proxy in (*producer.flat_proxy_args, *(p for bsym in producer.subsymbols for p in bsym.flat_proxy_outs)):
+        sizes.setdefault(proxy.name, value_bytes(proxy))
+    return sizes
+
+
+def _producer_ops(subsymbols, producer_inputs) -> tuple[tuple, dict[str, str]]:
+    """(each op as (the values it reads, the values it makes); output -> the value an in-place op
+    wrote it into, for writes into a value the producer already had)."""
+    known = set(producer_inputs)
+    ops = []
+    writes: dict[str, str] = {}
+    for bsym in subsymbols:
+        outs = tuple(p.name for p in bsym.flat_proxy_outs)
+        destination = getattr(in_place_destination(bsym), "name", None)
+        if destination in known:
+            writes.update((out, destination) for out in outs)
+        known.update(outs)
+        ops.append((tuple(dict.fromkeys(p.name for p in bsym.flat_proxy_args if p.name in known)), outs))
+    return tuple(ops), writes
+
+
+def _pinned(subsymbols, keep: _KeepRules, producer_outputs, external_outputs, stale_writes) -> dict[str, str]:
+    """Values the consumer may not recompute -> why; the first reason found is kept: the op's own
+    (policies, the consumer's executor), then the pair's (read outside the pair, a stale write)."""
+    pinned: dict[str, str] = {}
+    for bsym in subsymbols:
+        reason = keep.reason(bsym)
+        if reason is not None:
+            for proxy in bsym.flat_proxy_outs:
+                pinned.setdefault(proxy.name, reason)
+    for name in producer_outputs:
+        if name in external_outputs:
+            pinned.setdefault(name, NEEDED_OUTSIDE)
+    for name in stale_writes:
+        pinned.setdefault(name, STALE_WRITE)
+    return pinned
+
+
+def _free(names: Mapping[str, int], storages: StorageMap, external_outputs, producer_inputs, consumer_reads) -> frozenset[str]:
+    """Values that cost nothing to hand over: an external output (the producer emits it for others
+    anyway), any value sharing its storage (its base, when it is a view), and a producer input the
+    consumer reads anyway."""
+    alive = {storages.owner_of(n) for n in external_outputs if n in names}
+    return frozenset(n for n in names if n in external_outputs or (n in producer_inputs and n in consumer_reads)
+                     or storages.owner_of(n) in alive)
+
+
+def _stale_writes(writes: Mapping[str, str], storages: StorageMap, consumer_reads, frozen) -> list[str]:
+    """Outputs of writes the consumer may not make again: that would change what the consumer reads
+    from before the write."""
+    stale_reads = {storages.owner_of(n) for n in consumer_reads if n in frozen}
+    return [out for out, destination in writes.items() if storages.owner_of(destination) in stale_reads]
 
 
 def _overwritten(names, storages, written: Mapping[str, int], made_by_write: Collection[str]) -> frozenset[str]:
@@ -119,7 +156,3 @@ def _overwritten(names, storages, written: Mapping[str, int], made_by_write: Col
         names_of.setdefault(storages.owner_of(n), set()).add(n)
     writes = {owner: sum(written.get(n, 0) for n in group | {owner}) for owner, group in names_of.items()}
     return frozenset(n for n in names if writes[storages.owner_of(n)] > (1 if n in made_by_write else 0))
-
-
-def _keep_in_producer_reason(bsym, tags_of: TagReader, policies) -> str | None:
-    return judge_op(op_facts(bsym, tags_of(bsym), bsym.flat_proxy_outs, bsym.flat_proxy_args), policies).keeps_in_producer
