@@ -84,7 +84,8 @@ def bench(name, size, executor, budgets, device="cpu", attention="fused"):
     from thunder_remat.executors import attention_executor_for, fusion_executor_by_name
     from thunder_remat.inspect.measure import saved_for_backward
     from thunder_remat.models import build_model, example_batch
-    from thunder_remat.whole_graph.planner import choose_plan
+    from thunder_remat.inspect.tradeoff import frontier_of
+    from thunder_remat.whole_graph.planner import PlanSearch
 
     from torch_partition import capture_partitions, is_matmul_like
 
@@ -117,7 +118,7 @@ def bench(name, size, executor, budgets, device="cpu", attention="fused"):
         out, saved_ours = saved_for_backward(jm, x)
         ours_ok = _grads_ok(model, out, ref)
         plan = thunder_remat.last_save_plan(jm)
-        at_torch = choose_plan(plan.frontier(), ("bytes", saved_tc.activation_bytes)).plan
+        at_torch = PlanSearch(frontier_of(plan)).choose(("bytes", saved_tc.activation_bytes)).plan
         ops = {op.index: op for op in plan.problem.ops}
 
         def matmul_flops(p):

@@ -78,6 +78,7 @@ def torch_compile_bytes(entry, size, budget, ref) -> tuple[int, bool]:
 def bench(entry, size, executor_name, torch_bytes) -> dict:
     import thunder_remat
     from thunder_remat.executors import fusion_executor_by_name
+    from thunder_remat.inspect.tradeoff import frontier_of
     from thunder_remat.plugin import thunder_alone_saved_bytes
     from thunder_remat.zoo import eager_gradients, run_zoo_model, same_gradients
 
@@ -104,7 +105,7 @@ def bench(entry, size, executor_name, torch_bytes) -> dict:
         row["explain_errors"] += _explain_error(thunder_remat, run.jitted, budget)
         if budget == 1.0:
             row["static_thunder"] = thunder_alone_saved_bytes(run.jitted)
-            frontier = plan.frontier() if plan.choice is not None else None
+            frontier = frontier_of(plan) if plan.choice is not None else None
     if frontier is None:  # no plan at 1.0: no frontier to place byte budgets on
         row["seconds"] = time.perf_counter() - start
         return row

@@ -85,7 +85,7 @@ def test_draw_shows_the_chosen_plan_even_when_it_was_priced():
 
     jm, _ = jit_and_run("gpt", remat_memory_budget=0.1)
     # a byte budget equal to a priced frontier plan's bytes chooses that plan
-    priced = [p for p in thunder_remat.last_save_plan(jm).frontier().plans if p.price > 0 and p.saved_bytes > 0]
+    priced = [p for p in thunder_remat.last_save_plan(jm).frontier.plans if p.price > 0 and p.saved_bytes > 0]
     jm, _ = jit_and_run("gpt", remat_memory_budget=priced[0].saved_bytes)
     result = thunder_remat.last_save_plan(jm)
     plan = result.choice.plan

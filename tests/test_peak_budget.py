@@ -269,7 +269,8 @@ def test_a_plan_below_the_fastest_may_hold_the_lowest_rewrite_above_it():
     from thunder_remat.config import RematConfig
     from thunder_remat.models import build_model, example_batch
     from thunder_remat.records import Timings
-    from thunder_remat.whole_graph.checkpoints import checkpointed_schedule
+    from thunder_remat.whole_graph.checkpoints import AUTO_ANCHORS, checkpointed_schedule
+    from thunder_remat.whole_graph.planner import PlanSearch
     from thunder_remat.whole_graph.run import plan_saved_values
 
     torch.manual_seed(0)
@@ -279,7 +280,7 @@ def test_a_plan_below_the_fastest_may_hold_the_lowest_rewrite_above_it():
     for budget in (0.5, 0.3, 0.15, 0.05, 0.0):
         result = plan_saved_values(trace, RematConfig(memory_budget=budget))
         own = checkpointed_schedule(trace, result.problem, result.choice, window=30, setting="auto",
-                                    timings=Timings())
+                                    anchors=PlanSearch(result.frontier).anchor_plans(AUTO_ANCHORS), timings=Timings())
         assert result.peak_estimate <= own.peak_estimate, budget
         if result.peak_estimate < own.peak_estimate:
             lowered.append(budget)

@@ -5,7 +5,7 @@ import thunder
 import torch
 
 import thunder_remat
-from helpers import assert_same_numbers, last_pairs, run
+from helpers import assert_same_numbers, last_pairs, run, train_built_in
 from thunder_remat.config import RematConfig
 from thunder_remat.executors.eager import eager_fusion_ex
 
@@ -154,27 +154,38 @@ def test_policies_compose_and_are_validated():
         RematConfig(policies=(Unhashable(),))
 
 
-def test_both_passes_run_with_the_garbage_collector_paused_and_restore_it(monkeypatch):
+def test_both_passes_run_with_the_garbage_collector_paused_and_restore_it():
+    """A policy sees every op both passes judge: each saw the collector paused, and it runs again
+    after the passes."""
     import gc
 
     import thunder_remat.plugin as plugin
+    from thunder_remat.pairs.run import PairStatus
 
-    seen = []
-    original_plan, original_pairs = plugin.plan_saved_values, plugin.rematerialize_fusion_pairs
+    class Witness:
+        """Judges nothing; notes whether the collector ran while it was asked."""
 
-    def plan(*a, **k):
-        seen.append(("whole graph", gc.isenabled()))
-        return original_plan(*a, **k)
+        def __init__(self):
+            self.collector_on = []
 
-    def pairs(*a, **k):
-        seen.append(("pairs", gc.isenabled()))
-        return original_pairs(*a, **k)
+        def judge(self, op):
+            self.collector_on.append(gc.isenabled())
+            return None
 
-    monkeypatch.setattr(plugin, "plan_saved_values", plan)
-    monkeypatch.setattr(plugin, "rematerialize_fusion_pairs", pairs)
+        def __hash__(self):
+            return id(self)
+
     assert gc.isenabled()
-    run(f, args(), executors=[eager_fusion_ex], remat=True)
-    assert seen == [("whole graph", False), ("pairs", False)] and gc.isenabled()
+    # the whole-graph pass judges each forward op once
+    whole_graph = Witness()
+    r = run(f, args(), executors=[eager_fusion_ex], remat=True, remat_policies=(whole_graph,))
+    assert len(whole_graph.collector_on) == len(thunder_remat.last_save_plan(r.jitted).problem.ops) > 0
+    # alone (a pair's consumer reads nothing the save plan placed), the pair pass judges each producer op
+    pairs = Witness()
+    step = train_built_in("mlp", executors=[eager_fusion_ex], remat=True, remat_whole_graph=False,
+                          remat_policies=(pairs,))
+    assert [p.status for p in last_pairs(step.jitted).pairs] == [PairStatus.REWRITTEN] and pairs.collector_on
+    assert not any(whole_graph.collector_on + pairs.collector_on) and gc.isenabled()
     gc.disable()
     try:
         with pytest.raises(RuntimeError), plugin._collector_paused():

@@ -8,8 +8,7 @@ import random
 import pytest
 
 from thunder_remat.solvers.split_network import Side, Terminal, ValueNode
-from thunder_remat.whole_graph.planner import (SaveNetworks, _fill, build_frontier, choose_fastest, choose_plan,
-                                               gap_plans)
+from thunder_remat.whole_graph.planner import PlanSearch, SaveNetworks, _fill, build_frontier, choose_fastest
 from thunder_remat.whole_graph.problem import ForwardOp, ForwardValue, SaveProblem
 from thunder_remat.solvers.maxflow import min_cut
 
@@ -78,7 +77,7 @@ def test_smallest_plan_recomputes_the_matmul_from_inputs():
     ],
 )
 def test_budget_picks_the_cheapest_plan_that_fits(budget, expected_bytes, feasible):
-    choice = choose_plan(build_frontier(mlp_problem()), budget)
+    choice = PlanSearch(build_frontier(mlp_problem())).choose(budget)
     assert choice.plan.saved_bytes == expected_bytes and choice.feasible is feasible
 
 
@@ -103,7 +102,7 @@ def test_random_op_is_never_recomputed_even_at_budget_zero():
 
 
 def test_infeasible_byte_budget_returns_the_smallest_plan():
-    choice = choose_plan(build_frontier(random_op_problem()), ("bytes", 10))
+    choice = PlanSearch(build_frontier(random_op_problem())).choose(("bytes", 10))
     assert not choice.feasible and choice.target_bytes == 10
     assert choice.plan.saved_bytes == 64
 
@@ -160,10 +159,11 @@ def test_frontier_plans_are_valid_and_budgets_are_monotone(seed, solver):
         assert plan.cut_value == pytest.approx(plan.saved_bytes + plan.price * plan.recompute_cost)
     assert frontier.smallest.saved_bytes == min(plan.saved_bytes for plan in frontier.plans)
     assert choose_fastest(p, ("fraction", 1.0)).plan == frontier.fastest
-    assert choose_plan(frontier, ("fraction", 1.0)).plan == frontier.fastest
+    search = PlanSearch(frontier)
+    assert search.choose(("fraction", 1.0)).plan == frontier.fastest
     last_bytes, last_flops = float("inf"), -1.0
     for b in (1.0, 0.9, 0.7, 0.5, 0.3, 0.1, 0.0):
-        choice = choose_plan(frontier, ("fraction", b))
+        choice = search.choose(("fraction", b))
         assert choice.feasible and choice.plan.saved_bytes <= choice.target_bytes
         assert choice.plan.saved_bytes <= last_bytes and choice.plan.recompute_cost >= last_flops
         last_bytes, last_flops = choice.plan.saved_bytes, choice.plan.recompute_cost
@@ -184,9 +184,9 @@ def test_priced_plans_find_cheaper_recompute_than_knapsack_plans_alone(monkeypat
         for plan in with_prices.plans:
             assert valid(p, plan)
         targets = sorted({plan.saved_bytes for plan in with_prices.plans + without.plans})
+        searches = PlanSearch(with_prices), PlanSearch(without)
         for t in targets:
-            a = choose_plan(with_prices, ("bytes", t)).plan.recompute_cost
-            b = choose_plan(without, ("bytes", t)).plan.recompute_cost
+            a, b = (search.choose(("bytes", t)).plan.recompute_cost for search in searches)
             assert a <= b
             improved += a < b
     assert improved > 0
@@ -214,52 +214,55 @@ def kept_ban_family(p: SaveProblem):
 
 
 def without_gap_filling(frontier):
-    return dataclasses.replace(frontier, networks=None, filled={})
+    return dataclasses.replace(frontier, networks=None)
 
 
 def test_a_budget_between_frontier_plans_gets_a_plan_in_the_gap():
     """With 4 knapsack steps the frontier jumps from 108 B to 208 B; budgets of 204 and 200 B
     recompute one or both small reductions instead of a matmul."""
     frontier = build_frontier(two_layer_problem(), steps=4)
+    search = PlanSearch(frontier)
     assert [p.saved_bytes for p in frontier.plans] == [0, 8, 104, 108, 208]
-    at_204 = choose_plan(frontier, ("bytes", 204)).plan
+    at_204 = search.choose(("bytes", 204)).plan
     assert at_204.saved == ("h1", "h2", "r1") and at_204.recompute_cost == 100.0
-    at_200 = choose_plan(frontier, ("bytes", 200)).plan
+    at_200 = search.choose(("bytes", 200)).plan
     assert at_200.saved == ("h1", "h2") and at_200.recompute_cost == 200.0
-    assert gap_plans(frontier, 200) == gap_plans(frontier, 150)  # one filling per gap
-    unfilled = choose_plan(without_gap_filling(frontier), ("bytes", 200)).plan
+    assert search.gap_plans(200) is search.gap_plans(150)  # one filling per gap
+    unfilled = PlanSearch(without_gap_filling(frontier)).choose(("bytes", 200)).plan
     assert unfilled.saved == ("h1", "r1", "r2") and unfilled.recompute_cost == 1000.0
     family = kept_ban_family(two_layer_problem())
     for target in range(209):
         best = min(p.recompute_cost for p in family if p.saved_bytes <= target)
-        assert choose_plan(frontier, ("bytes", target)).plan.recompute_cost == best, target
+        assert search.choose(("bytes", target)).plan.recompute_cost == best, target
 
 
 def test_a_budget_a_frontier_plan_meets_exactly_fills_no_gap():
     """Plans in a gap save more than the plan below it, so a budget equal to that plan's bytes
     (0.0: the smallest plan) cannot use them: no cut is solved for them."""
     frontier = build_frontier(two_layer_problem(), steps=4)
+    search = PlanSearch(frontier)
     for target in (0, 8, 104, 108):
-        assert choose_plan(frontier, ("bytes", target)).plan.saved_bytes == target
-    assert choose_plan(frontier, ("fraction", 0.0)).plan is frontier.smallest
-    assert frontier.filled == {}
-    choose_plan(frontier, ("bytes", 200))
-    assert list(frontier.filled) == [4]
+        assert search.choose(("bytes", target)).plan.saved_bytes == target
+    assert search.choose(("fraction", 0.0)).plan is frontier.smallest
+    assert search.gaps == {}
+    search.choose(("bytes", 200))
+    assert list(search.gaps) == [4]
 
 
 @pytest.mark.parametrize("seed", range(12))
 def test_gap_filling_never_costs_recompute_and_keeps_the_budget_monotone(seed):
     p = random_problem(random.Random(seed))
     frontier = build_frontier(p)
+    search = PlanSearch(frontier)
     unfilled = without_gap_filling(frontier)
     last_bytes, last_cost = math.inf, -math.inf
     for target in range(frontier.fastest.saved_bytes, frontier.smallest.saved_bytes - 1, -1):
-        choice = choose_plan(frontier, ("bytes", target))
+        choice = search.choose(("bytes", target))
         assert valid(p, choice.plan) and choice.plan.saved_bytes <= target
-        assert choice.plan.recompute_cost <= choose_plan(unfilled, ("bytes", target)).plan.recompute_cost
+        assert choice.plan.recompute_cost <= PlanSearch(unfilled).choose(("bytes", target)).plan.recompute_cost  # no gaps
         assert choice.plan.saved_bytes <= last_bytes and choice.plan.recompute_cost >= last_cost
         last_bytes, last_cost = choice.plan.saved_bytes, choice.plan.recompute_cost
-    for upper, plans in frontier.filled.items():
+    for upper, plans in search.gaps.items():
         low, high = frontier.plans[upper - 1].saved_bytes, frontier.plans[upper].saved_bytes
         assert all(low < plan.saved_bytes < high for plan in plans)
 
@@ -271,9 +274,10 @@ def test_a_gap_keeps_its_pareto_plans_and_budgets_choose_as_from_all_it_found(se
     knapsack steps the gaps are wide: seeds 0, 14 and 16 find plans others beat)."""
     p = random_problem(random.Random(seed))
     frontier = build_frontier(p, steps=4)
+    search = PlanSearch(frontier)
     found = {}  # everything a gap's filling finds, by the index of the plan above the gap
     for target in range(frontier.fastest.saved_bytes, frontier.smallest.saved_bytes - 1, -1):
-        chosen = choose_plan(frontier, ("bytes", target)).plan
+        chosen = search.choose(("bytes", target)).plan
         fitting = [q for q in frontier.plans if q.saved_bytes <= target]
         upper = next((k for k, q in enumerate(frontier.plans) if q.saved_bytes > target), None)
         if upper is not None and fitting:
@@ -282,7 +286,7 @@ def test_a_gap_keeps_its_pareto_plans_and_budgets_choose_as_from_all_it_found(se
                 found[upper] = _fill(frontier.networks, frontier.plans[upper], low, frontier.solver)
             fitting += [q for q in found[upper] if low < q.saved_bytes <= target and q.recompute_cost >= least]
         assert chosen == min(fitting, key=lambda q: (q.recompute_cost, q.saved_bytes, q.key)), target
-    for plans in frontier.filled.values():
+    for plans in search.gaps.values():
         for a in plans:
             assert not any(b is not a and b.saved_bytes <= a.saved_bytes and b.recompute_cost <= a.recompute_cost
                            for b in plans)
@@ -299,11 +303,11 @@ def test_gap_filling_gets_closer_to_brute_force():
             continue
         family = kept_ban_family(p)
         frontier = build_frontier(p)
-        unfilled = without_gap_filling(frontier)
+        filled, unfilled = PlanSearch(frontier), PlanSearch(without_gap_filling(frontier))
         for target in range(frontier.smallest.saved_bytes, frontier.fastest.saved_bytes + 1):
             best = min(q.recompute_cost for q in family if q.saved_bytes <= target)
-            worse += choose_plan(frontier, ("bytes", target)).plan.recompute_cost > best + 1e-9
-            worse_unfilled += choose_plan(unfilled, ("bytes", target)).plan.recompute_cost > best + 1e-9
+            worse += filled.choose(("bytes", target)).plan.recompute_cost > best + 1e-9
+            worse_unfilled += unfilled.choose(("bytes", target)).plan.recompute_cost > best + 1e-9
     assert worse < worse_unfilled
 
 

@@ -24,7 +24,7 @@ from thunder_remat.verify import verify
 from thunder_remat.whole_graph.analysis import build_save_problem
 from thunder_remat.whole_graph.checkpoints import AUTO_MIN_GAIN, AUTO_TIE, Candidate, choose_anchor, copy_schedule
 from thunder_remat.whole_graph.peak import estimate_peak_bytes, estimate_schedule_peak
-from thunder_remat.whole_graph.planner import build_frontier, choose_plan
+from thunder_remat.whole_graph.planner import PlanSearch, build_frontier
 from thunder_remat.whole_graph.rewrite import build
 from thunder_remat.whole_graph.run import plan_saved_values
 
@@ -54,12 +54,12 @@ def test_planner_saves_one_storage_at_1_and_nothing_at_0():
     trace, v = chain_joint_trace()
     problem = build_save_problem(trace, DEFAULT_POLICIES)
     frontier = build_frontier(problem)
-    fastest = choose_plan(frontier, ("fraction", 1.0)).plan
+    fastest = PlanSearch(frontier).choose(("fraction", 1.0)).plan
     # exp's output alone (256 B) gives the backward sin's too: saving both would cost 512 B, and
     # linear's output as much as exp's but with more to recompute (ties go to the larger source side)
     assert fastest.saved == tuple(sorted((v["a"].name, "w", "x"))) and fastest.saved_bytes == F32_4x16
     assert fastest.recomputed == (4,)  # sin, by trace position
-    smallest = choose_plan(frontier, ("fraction", 0.0)).plan
+    smallest = PlanSearch(frontier).choose(("fraction", 0.0)).plan
     assert smallest.saved == ("w", "x") and smallest.saved_bytes == 0 and smallest.recomputed == (2, 3, 4)
     assert [p.saved_bytes for p in frontier.plans] == [0, F32_4x16]
 
@@ -79,7 +79,7 @@ def test_rewrite_golden_and_verified(budget):
 def test_peak_estimate_of_a_schedule_is_that_of_the_trace_it_builds():
     trace, _ = chain_joint_trace()
     problem = build_save_problem(trace, DEFAULT_POLICIES)
-    plan = choose_plan(build_frontier(problem), ("fraction", 0.0)).plan
+    plan = PlanSearch(build_frontier(problem)).choose(("fraction", 0.0)).plan
     schedule = copy_schedule(trace, problem, plan, window=4)
     assert estimate_schedule_peak(schedule) == estimate_peak_bytes(build(schedule)) > 0
 
@@ -173,12 +173,37 @@ def test_the_plan_records_why_it_saves_and_recomputes_each_value():
     assert smallest.reasons.recomputed[2] == "budget overrules the policy: " + ops[2].soft_ban
 
 
+def test_the_checkpoint_stage_solves_nothing():
+    """The solve stage hands the checkpoint stage its anchor plans (``PlanSearch.anchor_plans``):
+    given a frontier that can solve nothing (no networks), the stage makes the same checkpoints."""
+    import dataclasses
+
+    from thunder_remat.records import Timings
+    from thunder_remat.whole_graph.checkpoints import AUTO_ANCHORS, checkpointed_schedule
+
+    trace, _ = chain_joint_trace()
+    problem = build_save_problem(trace, DEFAULT_POLICIES)
+    search = PlanSearch(build_frontier(problem))
+    choice = search.choose(("fraction", 0.0))
+    unsolvable = dataclasses.replace(choice, frontier=dataclasses.replace(choice.frontier, networks=None),
+                                     networks=None)
+    for setting in ("auto", 1.0):
+        anchors = search.anchor_plans(AUTO_ANCHORS if setting == "auto" else (setting,))
+        made = [checkpointed_schedule(trace, problem, c, window=1, setting=setting, anchors=anchors,
+                                      timings=Timings()) for c in (choice, unsolvable)]
+        assert made[0].levels == made[1].levels and made[0].schedule.copies == made[1].schedule.copies
+    assert made[0].levels  # at 1.0 the fastest plan's values are held
+    import thunder_remat.whole_graph.checkpoints as stage
+
+    assert not {"PlanSearch", "SaveNetworks", "build_frontier"} & set(vars(stage))  # nothing to solve with
+
+
 def test_schedules_of_one_trace_share_its_names():
     """A schedule made with the trace's names read once is the one made without them, and its
     peak estimate reads them (checkpoint candidates share one record)."""
     trace, _ = chain_joint_trace()
     problem = build_save_problem(trace, DEFAULT_POLICIES)
-    plan = choose_plan(build_frontier(problem), ("fraction", 0.0)).plan
+    plan = PlanSearch(build_frontier(problem)).choose(("fraction", 0.0)).plan
     names = trace_names(trace)
     shared, alone = (copy_schedule(trace, problem, plan, window=4, names=n) for n in (names, None))
     assert (shared.copies, shared.before, shared.reads) == (alone.copies, alone.before, alone.reads)

@@ -14,6 +14,8 @@ import torch
 
 import thunder_remat
 from thunder_remat.executors.eager import eager_fusion_ex
+from thunder_remat.inspect.tradeoff import frontier_of
+from thunder_remat.whole_graph.planner import PlanSearch
 from thunder_remat.models import build_model, example_batch
 from thunder_remat.whole_graph.run import BudgetInfeasibleWarning
 from helpers import joint_trace, train_built_in
@@ -109,7 +111,7 @@ def test_absolute_byte_budget_is_met():
     _, _, _, _ = base = train_step("gpt", 0.0, remat=True, remat_memory_budget=1.0)
     result = thunder_remat.last_save_plan(base[0])
     assert result.choice.frontier is None  # budget 1.0 needs one min cut, not the frontier
-    frontier = result.frontier()
+    frontier = frontier_of(result)  # solved on request: the result keeps none at 1.0
     assert frontier.fastest == result.choice.plan
     budget = (frontier.smallest.saved_bytes + frontier.fastest.saved_bytes) // 2
     jm, _, _, saved = train_step("gpt", 0.0, remat=True, remat_memory_budget=f"{budget}B")
@@ -246,59 +248,39 @@ def test_a_user_policy_is_respected():
     assert "cannot be recomputed: softmax kept" in reasons.values()
 
 
-def test_recompute_window_copies_only_cheap_ops_again_and_keeps_gradients(monkeypatch):
-    import thunder_remat.whole_graph.checkpoints as wg
-
-    original, emitted = wg.schedule_copies, {}
-
-    def spy(trace, recomputed, **kwargs):
-        schedule = original(trace, recomputed, **kwargs)
-        emitted[kwargs["window"]] = schedule.emitted
-        return schedule
-
-    monkeypatch.setattr(wg, "schedule_copies", spy)
+def test_recompute_window_copies_only_cheap_ops_again_and_keeps_gradients():
     results = {}
     for window in (30, False):
         jm, out, grads, _ = train_step("gpt", 0.1, remat=True, remat_memory_budget=0.0, remat_recompute_window=window,
                                        remat_checkpoint_budget=False)
         results[window] = (thunder_remat.last_save_plan(jm), out, grads)
     once, windowed = results[False][0], results[30][0]
-    assert once.copies == len(once.choice.plan.recomputed) == len(emitted[None])
+    assert sorted(once.copied_ops) == list(once.choice.plan.recomputed)
     assert windowed.choice.plan == once.choice.plan
-    assert windowed.copies == len(emitted[30]) > once.copies
+    assert windowed.copies > once.copies
     assert windowed.rewritten_cost > once.rewritten_cost
     assert "copies made" in windowed.provenance() and "copies made" not in once.provenance()
     ops = {op.index: op for op in windowed.problem.ops}
-    for i, n in Counter(emitted[30]).items():
+    for i, n in Counter(windowed.copied_ops).items():
         assert n == 1 or (ops[i].soft_ban is None and ops[i].hard_ban is None), ops[i]
     assert torch.equal(results[30][1], results[False][1])
     for g, g0 in zip(results[30][2], results[False][2]):
         torch.testing.assert_close(g, g0, atol=1e-5, rtol=1e-4)
 
 
-def test_below_the_checkpoint_budget_the_backward_recomputes_from_checkpoints(monkeypatch):
+def test_below_the_checkpoint_budget_the_backward_recomputes_from_checkpoints():
     """Budget 0.0 with checkpoints from the 0.1 plan: those ops are copied once and held, other
     protected ops (matmuls) at most twice (for the checkpoints, then near their use); same numbers."""
-    import thunder_remat.whole_graph.checkpoints as wg
-
-    original, emitted = wg.schedule_copies, []
-
-    def spy(trace, recomputed, **kwargs):
-        schedule = original(trace, recomputed, **kwargs)
-        emitted.append(schedule.emitted)
-        return schedule
-
-    monkeypatch.setattr(wg, "schedule_copies", spy)
     base = train_step("gpt", 0.1)
     jm, out, grads, saved = train_step("gpt", 0.1, remat=True, remat_memory_budget=0.0, remat_checkpoint_budget=0.1)
     result = thunder_remat.last_save_plan(jm)
     jm_plan = result.choice.plan
-    anchor = wg.choose_plan(result.frontier(), ("fraction", 0.1)).plan
+    anchor = PlanSearch(result.frontier).choose(("fraction", 0.1)).plan
     held = set(anchor.saved) - set(jm_plan.saved)
     ops = {op.index: op for op in result.problem.ops}
     assert result.checkpoint_ops == tuple(sorted(i for i in jm_plan.recomputed if held & set(ops[i].outputs)))
     assert result.checkpoint_ops and result.checkpoint_anchor == 0.1 and "checkpoint ops" in result.provenance()
-    counts = Counter(emitted[-1])
+    counts = Counter(result.copied_ops)
     assert all(counts[i] == 1 for i in result.checkpoint_ops)
     protected = [i for i in jm_plan.recomputed if ops[i].soft_ban is not None]
     assert all(counts[i] <= 2 for i in protected) and any(counts[i] == 2 for i in protected)
@@ -313,38 +295,30 @@ def test_below_the_checkpoint_budget_the_backward_recomputes_from_checkpoints(mo
         assert thunder_remat.last_save_plan(jm).checkpoint_ops == ()
 
 
-def test_nested_checkpoints_recompute_the_outer_level_from_the_inner(monkeypatch):
+def test_nested_checkpoints_recompute_the_outer_level_from_the_inner():
     """Budget 0.0 with checkpoints nested at 0.1 then 0.3: the 0.1 plan's values are copied once
     and held; the 0.3 plan's, first made on the way to them, are made again from them where the
     backward needs them (at most two copies); other matmuls at most three; same numbers."""
     import thunder_remat.whole_graph.checkpoints as wg
 
-    original, calls = wg.schedule_copies, []
-
-    def spy(trace, recomputed, **kwargs):
-        schedule = original(trace, recomputed, **kwargs)
-        calls.append((schedule.emitted, kwargs))
-        return schedule
-
-    monkeypatch.setattr(wg, "schedule_copies", spy)
     base = train_step("gpt", 0.1)
     jm, out, grads, _ = train_step("gpt", 0.1, remat=True, remat_memory_budget=0.0,
                                    remat_checkpoint_budget=(0.3, 0.1))
     result = thunder_remat.last_save_plan(jm)
-    copies, kwargs = calls[-1]
-    inner, outer = kwargs["checkpoints"]
-    assert ((0.1, inner), (0.3, outer)) == wg.backward_checkpoints(result.problem, result.choice, (0.1, 0.3))
-    assert result.checkpoint_levels == (tuple(sorted(inner)), tuple(sorted(outer)))
+    inner, outer = (frozenset(level) for level in result.checkpoint_levels)
+    anchors = PlanSearch(result.frontier).anchor_plans((0.1, 0.3))
+    assert ((0.1, inner), (0.3, outer)) == wg.backward_checkpoints(result.problem, result.choice, (0.1, 0.3), anchors)
     assert result.checkpoint_anchors == (0.1, 0.3) and result.checkpoint_anchor == 0.1
     assert "anchored at budget 0.1, 0.3" in result.provenance()
-    plans = [wg.choose_plan(result.frontier(), ("fraction", f)).plan for f in (0.1, 0.3)]
+    plans = [PlanSearch(result.frontier).choose(("fraction", f)).plan for f in (0.1, 0.3)]
     ops = {op.index: op for op in result.problem.ops}
     assert all(set(ops[i].outputs) & set(plans[0].saved) for i in inner)
     assert all(set(ops[i].outputs) & (set(plans[1].saved) - set(plans[0].saved)) for i in outer)
-    counts = Counter(copies)
+    counts = Counter(result.copied_ops)
     assert all(counts[i] == 1 for i in inner)
     assert all(counts[i] <= 2 for i in outer) and any(counts[i] == 2 for i in outer)
-    assert all(counts[i] <= 3 for i in kwargs["segments"]) and any(counts[i] == 3 for i in kwargs["segments"])
+    others = [i for i in result.choice.plan.recomputed if ops[i].soft_ban is not None and i not in inner | outer]
+    assert all(counts[i] <= 3 for i in others) and any(counts[i] == 3 for i in others)
     torch.testing.assert_close(out, base[1], atol=0, rtol=0)
     for g, g0 in zip(grads, base[2]):
         torch.testing.assert_close(g, g0, atol=1e-5, rtol=1e-4)
@@ -358,7 +332,7 @@ def test_the_estimate_cuts_the_regions_of_the_rewrite_as_the_split_will(budget):
     included (tiny LLaMA, the light fusion executor, the pass's own checkpoint search). The cuts
     are the rewrite's: at 1.0 they free saved values early."""
     from thunder_remat.records import Timings
-    from thunder_remat.whole_graph.checkpoints import checkpointed_schedule
+    from thunder_remat.whole_graph.checkpoints import AUTO_ANCHORS, checkpointed_schedule
     from thunder_remat.whole_graph.peak import estimate_peak_bytes, estimate_schedule_peak, predict_regions
     from thunder_remat.whole_graph.rewrite import build
 
@@ -368,7 +342,8 @@ def test_the_estimate_cuts_the_regions_of_the_rewrite_as_the_split_will(budget):
                                 remat_memory_budget=budget)
     regions = predict_regions(trace, eager_fusion_ex.can_fuse)
     direct = checkpointed_schedule(trace, result.problem, result.choice, window=30, setting="auto",
-                                   timings=Timings(), regions=regions)
+                                   anchors=PlanSearch(result.frontier).anchor_plans(AUTO_ANCHORS) if result.frontier
+                                   else None, timings=Timings(), regions=regions)
     built = build(direct.schedule)
     cut = estimate_peak_bytes(built, predict_regions(built, eager_fusion_ex.can_fuse))
     assert estimate_schedule_peak(direct.schedule, regions=regions) == cut
@@ -391,31 +366,23 @@ def test_auto_checkpoints_take_the_anchor_with_the_lowest_estimated_peak(monkeyp
     from thunder_remat.whole_graph.peak import estimate_peak_bytes, predict_regions
     from thunder_remat.whole_graph.rewrite import build
 
-    estimates = []
-    original = wg.estimate_schedule_peak
-
-    def spy(schedule, storages=None, regions=None):
-        estimates.append(original(schedule, storages, regions))
-        return estimates[-1]
-
     torch.manual_seed(0)
     model = build_model("gpt", "tiny", dropout=0.1)
     # regions not cut here (test_the_estimate_cuts_the_regions_of_the_rewrite_as_the_split_will: cut)
     trace, result = joint_trace(model, (example_batch(model),), executors=[eager_fusion_ex], remat_memory_budget=0.0,
                                 remat_split_regions=False)
-    monkeypatch.setattr(wg, "estimate_schedule_peak", spy)
     # the regions the eager fusion executor is expected to form, as the pass predicted them
     regions = predict_regions(trace, eager_fusion_ex.can_fuse, split=False)
 
+    anchors = PlanSearch(result.frontier).anchor_plans(wg.AUTO_ANCHORS)
+
     def search():
-        estimates.clear()
         return wg.checkpointed_schedule(trace, result.problem, result.choice, window=30, setting="auto",
-                                        timings=Timings(), regions=regions)
+                                        anchors=anchors, timings=Timings(), regions=regions)
 
     direct = search()
-    est, plain = direct.anchor_estimates, estimates[0]
-    assert direct.peak_estimate_without_checkpoints == plain
-    assert sorted(est.values()) == sorted(estimates[1:])
+    est, plain = direct.anchor_estimates, direct.peak_estimate_without_checkpoints
+    assert plain is not None and len(est) >= 2
     assert all(chain == tuple(sorted(chain)) and set(chain) <= set(wg.AUTO_ANCHORS) for chain in est)
     singles = {chain[0]: peak for chain, peak in est.items() if len(chain) == 1
                and peak <= (1 - wg.AUTO_MIN_GAIN) * plain}
@@ -434,7 +401,7 @@ def test_auto_checkpoints_take_the_anchor_with_the_lowest_estimated_peak(monkeyp
     assert direct.peak_estimate == est[chosen] \
         == estimate_peak_bytes(built, predict_regions(built, eager_fusion_ex.can_fuse, split=False)) \
         <= (1 - wg.AUTO_MIN_GAIN) * plain
-    assert direct.levels == wg.backward_checkpoints(result.problem, result.choice, chosen)
+    assert direct.levels == wg.backward_checkpoints(result.problem, result.choice, chosen, anchors)
     assert tuple(a for a, _ in direct.anchors) == chosen
     # the pass walked the frontier down to this plan: never above the plan's own search
     assert result.peak_estimate <= direct.peak_estimate and "est. step peak" in result.provenance()
@@ -444,32 +411,37 @@ def test_auto_checkpoints_take_the_anchor_with_the_lowest_estimated_peak(monkeyp
     direct = search()
     assert direct.levels == () and direct.peak_estimate == direct.peak_estimate_without_checkpoints == plain
     # Budget 1.0 recomputes no matmul and has no frontier: nothing is estimated.
-    estimates.clear()
-    jm = train_step("gpt", 0.1, remat=True)[0]
-    assert thunder_remat.last_save_plan(jm).peak_estimate is None and not estimates
+    at_one = thunder_remat.last_save_plan(train_step("gpt", 0.1, remat=True)[0])
+    assert at_one.peak_estimate is None and at_one.peak_estimate_without_checkpoints is None
+    assert not at_one.anchor_estimates
 
 
 @pytest.mark.parametrize("name", ["gpt", "llama"])
-def test_a_schedule_is_estimated_as_the_trace_it_builds(monkeypatch, name):
+def test_a_schedule_is_estimated_as_the_trace_it_builds(name):
     """"auto" estimates every candidate's step peak from its copy schedule, building only the one
-    it keeps; each estimate equals the estimate of the trace the schedule builds."""
+    it keeps; each estimate the pass recorded equals the estimate of the trace its schedule builds
+    (the schedules made again by the stage's own functions from the pass's records)."""
     import thunder_remat.whole_graph.checkpoints as wg
-    from thunder_remat.whole_graph.peak import estimate_peak_bytes, estimate_schedule_peak
+    from thunder_remat.plugin import last_joint_trace
+    from thunder_remat.whole_graph.peak import estimate_peak_bytes, estimate_schedule_peak, predict_regions
     from thunder_remat.whole_graph.rewrite import build
 
-    schedules = []
-    original = wg.schedule_copies
-
-    def spy(trace, recomputed, **kwargs):
-        schedules.append(original(trace, recomputed, **kwargs))
-        return schedules[-1]
-
-    monkeypatch.setattr(wg, "schedule_copies", spy)
     jm = train_step(name, None, remat=True, remat_memory_budget=0.0)[0]
     result = thunder_remat.last_save_plan(jm)
-    assert len(schedules) >= 3 and result.anchor_estimates
-    for schedule in schedules:
-        assert estimate_schedule_peak(schedule) == estimate_peak_bytes(build(schedule))
+    trace, window = last_joint_trace(jm), thunder_remat.RematConfig().recompute_window
+    regions = predict_regions(trace, eager_fusion_ex.can_fuse)  # the backward regions the pass modelled
+    anchors = PlanSearch(result.frontier).anchor_plans(wg.AUTO_ANCHORS)
+    # the chains of the pass's own anchors (a chain inherited from a plan that saves more, found
+    # by the frontier walk, holds that plan's anchors instead)
+    chains = {chain: peak for chain, peak in result.anchor_estimates.items() if set(chain) <= set(wg.AUTO_ANCHORS)}
+    assert len(chains) >= 2
+    for chain, recorded in chains.items():
+        levels = wg.backward_checkpoints(result.problem, result.choice, chain, anchors)
+        schedule = wg.copy_schedule(trace, result.problem, result.choice.plan, window, tuple(ops for _, ops in levels))
+        built = build(schedule)
+        assert estimate_schedule_peak(schedule) == estimate_peak_bytes(built), chain
+        assert recorded == estimate_schedule_peak(schedule, regions=regions) \
+            == estimate_peak_bytes(built, predict_regions(built, eager_fusion_ex.can_fuse)), chain
 
 
 def test_a_dropped_copy_schedule_is_freed_without_a_garbage_collection():

@@ -10,9 +10,9 @@ import json
 from dataclasses import dataclass
 
 from thunder_remat.budget import parse_budget
-from thunder_remat.whole_graph.planner import choose_plan
+from thunder_remat.whole_graph.planner import PlanSearch, build_frontier
 
-__all__ = ["SweepPoint", "sweep_budgets", "plot_tradeoff", "DEFAULT_SWEEP"]
+__all__ = ["SweepPoint", "sweep_budgets", "plot_tradeoff", "frontier_of", "DEFAULT_SWEEP"]
 
 DEFAULT_SWEEP = (1.0, 0.9, 0.8, 0.7, 0.6, 0.5, 0.4, 0.3, 0.2, 0.1, 0.0)
 
@@ -28,6 +28,14 @@ class SweepPoint:
     unit: str = "flops"
 
 
+def frontier_of(result):
+    """The frontier of plans a whole-graph result chose from; for a result of budget 1.0, which
+    needs none, one solved now (min cuts run here, on request, not when a record is read)."""
+    if result.frontier is not None:
+        return result.frontier
+    return build_frontier(result.problem, result.solver)
+
+
 def _frontier(source):
     """Accept a jitted function (after one call), a SavePassResult, or a Frontier (flops assumed)."""
     from thunder_remat.plugin import last_save_plan
@@ -40,7 +48,7 @@ def _frontier(source):
             "thunder_remat.sweep_budgets needs a function jitted with remat=True (and the whole-graph pass on) "
             "that has been called once, or a SavePassResult / Frontier"
         )
-    return result.frontier(), result.problem.cost_unit
+    return frontier_of(result), result.problem.cost_unit
 
 
 def sweep_budgets(source, budgets=DEFAULT_SWEEP) -> list[SweepPoint]:
@@ -48,7 +56,7 @@ def sweep_budgets(source, budgets=DEFAULT_SWEEP) -> list[SweepPoint]:
     frontier, unit = _frontier(source)
     points = []
     for b in budgets:
-        choice = choose_plan(frontier, parse_budget(b))
+        choice = PlanSearch(frontier).choose(parse_budget(b))
         points.append(
             SweepPoint(b, choice.target_bytes, choice.plan.saved_bytes, choice.plan.recompute_cost, choice.feasible,
                        unit)

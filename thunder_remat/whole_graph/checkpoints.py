@@ -20,12 +20,12 @@ from thunder_remat.budget import Budget
 from thunder_remat.records import Timings
 from thunder_remat.trace_facts import forward_storages
 from thunder_remat.whole_graph.peak import estimate_schedule_peak
-from thunder_remat.whole_graph.planner import BudgetChoice, choose_plan, target_bytes
+from thunder_remat.whole_graph.planner import BudgetChoice, target_bytes
 from thunder_remat.whole_graph.problem import SaveProblem
 from thunder_remat.whole_graph.rewrite import CopySchedule, schedule_copies
 
-__all__ = ["AUTO_ANCHORS", "AUTO_MIN_GAIN", "AUTO_TIE", "Candidate", "CheckpointChoice", "backward_checkpoints",
-           "choose_anchor", "copy_schedule", "checkpointed_schedule"]
+__all__ = ["AUTO_ANCHORS", "AUTO_MIN_GAIN", "AUTO_TIE", "Candidate", "CheckpointChoice", "anchor_fractions",
+           "backward_checkpoints", "choose_anchor", "copy_schedule", "checkpointed_schedule"]
 
 #: "auto" tries the plans at these budget fractions as checkpoint anchors ...
 AUTO_ANCHORS = (0.1, 0.2, 0.3, 0.5, 0.7)
@@ -54,28 +54,39 @@ class CheckpointChoice:
     anchors: tuple = ()
 
 
-def backward_checkpoints(problem: SaveProblem, choice: BudgetChoice, fractions) -> tuple[tuple[float, frozenset[int]], ...]:
+def anchor_fractions(setting) -> tuple[float, ...]:
+    """The budget fractions whose plans a ``remat_checkpoint_budget`` setting may anchor
+    checkpoints at (the solve stage chooses their plans: ``PlanSearch.anchor_plans``)."""
+    if setting is False or setting is None:
+        return ()
+    if setting == "auto":
+        return AUTO_ANCHORS
+    return tuple(float(f) for f in (setting if isinstance(setting, tuple) else (setting,)))
+
+
+def backward_checkpoints(problem: SaveProblem, choice: BudgetChoice, fractions,
+                         anchors: dict) -> tuple[tuple[float, frozenset[int]], ...]:
     """One level per budget in ``fractions``, nearest the chosen plan first, anchored at the plan
-    that budget would choose; a level is left out if its plan saves no more than the chosen one
-    or adds no op. With a second level, the backward holds the first anchor's values and
-    recomputes the second's from them where they are first needed, as the first anchor's own
-    backward would (see ``schedule_copies``).
+    that budget chooses (``anchors``: fraction -> plan, from the solve stage); a level is left out
+    if its plan saves no more than the chosen one or adds no op. With a second level, the backward
+    holds the first anchor's values and recomputes the second's from them where they are first
+    needed, as the first anchor's own backward would (see ``schedule_copies``).
     """
-    return tuple((fraction, ops) for fraction, ops, _ in _anchored_levels(problem, choice, fractions))
+    return tuple((fraction, ops) for fraction, ops, _ in _anchored_levels(problem, choice, fractions, anchors))
 
 
-def _anchored_levels(problem: SaveProblem, choice: BudgetChoice, fractions) -> tuple:
+def _anchored_levels(problem: SaveProblem, choice: BudgetChoice, fractions, anchors: dict) -> tuple:
     """``backward_checkpoints``' levels with each one's anchor plan: (fraction, ops, plan)."""
     if choice.frontier is None:
         return ()
-    anchors = []
+    held = []
     for fraction in sorted(fractions):
         if target_bytes(choice.frontier, Budget.fraction(fraction)) <= choice.plan.saved_bytes:
             # every plan that budget may choose saves no more than the chosen one (a fraction's
             # target is never below the smallest plan, so it always has a plan that fits)
             continue
-        anchors.append((float(fraction), choose_plan(choice.frontier, Budget.fraction(fraction)).plan))
-    return levels_for_anchors(problem, choice.plan, anchors)
+        held.append((float(fraction), anchors[float(fraction)]))
+    return levels_for_anchors(problem, choice.plan, held)
 
 
 def levels_for_anchors(problem: SaveProblem, plan, anchors) -> tuple:
@@ -136,11 +147,14 @@ def choose_anchor(plain_peak: int, candidates):
 
 
 def checkpointed_schedule(trace, problem: SaveProblem, choice: BudgetChoice, *, window, setting,
-                          timings: Timings, regions=None, inherit=(), names=None,
+                          timings: Timings, anchors=None, regions=None, inherit=(), names=None,
                           storages=None) -> CheckpointChoice:
     """The copy schedule with the checkpoints ``setting`` asks for (``remat_checkpoint_budget``:
-    False, a fraction or tuple of fractions, or "auto"); time goes to ``timings``; ``regions``: the
-    backward fusion regions the estimates model (``peak.predict_regions``; None: no fusion).
+    False, a fraction or tuple of fractions, or "auto"); time goes to ``timings``; ``anchors``:
+    fraction -> the plan that budget chooses, for every fraction of ``anchor_fractions(setting)``
+    whose target is above ``choice``'s saved bytes (``PlanSearch.anchor_plans``): this stage
+    solves nothing; ``regions``: the backward fusion regions the estimates model
+    (``peak.predict_regions``; None: no fusion).
 
     ``inherit`` ("auto" only): (fraction, plan) anchors, nearest first, of the lowest-peak rewrite
     found for a plan that saves more (``frontier_walk``); holding them is one more candidate, taken
@@ -158,8 +172,7 @@ def checkpointed_schedule(trace, problem: SaveProblem, choice: BudgetChoice, *, 
     if window is None or setting is False or choice.frontier is None:
         return CheckpointChoice(schedule())
     if setting != "auto":
-        with timings.stage("solve"):
-            levels = backward_checkpoints(problem, choice, setting if isinstance(setting, tuple) else (setting,))
+        levels = backward_checkpoints(problem, choice, anchor_fractions(setting), anchors)
         return CheckpointChoice(schedule(tuple(ops for _, ops in levels)), levels)
     ops = {op.index: op for op in problem.ops}
     plain = schedule()
@@ -173,12 +186,11 @@ def checkpointed_schedule(trace, problem: SaveProblem, choice: BudgetChoice, *, 
     estimates = {}
     seen = set()
 
-    def attempt(chain, anchors=None, early=False) -> Candidate | None:
-        with timings.stage("solve"):
-            if anchors is None:
-                levels = _anchored_levels(problem, choice, chain)
-            else:
-                levels = levels_for_anchors(problem, choice.plan, anchors)
+    def attempt(chain, held_at=None, early=False) -> Candidate | None:
+        if held_at is None:
+            levels = _anchored_levels(problem, choice, chain, anchors)
+        else:
+            levels = levels_for_anchors(problem, choice.plan, held_at)
         held = tuple(ops for _, ops, _ in levels)
         if not held or (held, early) in seen:
             return None

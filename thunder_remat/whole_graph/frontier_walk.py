@@ -49,11 +49,13 @@ def plans_ahead(frontier: Frontier, plan) -> list:
                    and walk_order(p) < walk_order(plan)), key=walk_order)
 
 
-def walk_frontier(trace, problem: SaveProblem, choices, *, window, setting, timings: Timings, regions=None):
+def walk_frontier(trace, problem: SaveProblem, choices, *, window, setting, timings: Timings, anchors=None,
+                  regions=None):
     """Yield a ``WalkStep`` for each of ``choices`` (``BudgetChoice``, in ``walk_order``).
 
     With ``setting`` "auto" each plan may also hold the lowest-peak rewrite of the plans before it
     (see the module docstring); with other settings each gets the checkpoints ``setting`` names.
+    ``anchors``: the anchor plans (``checkpoints.checkpointed_schedule``).
     """
     choices = list(choices)
     storages = None  # the trace's storages and names, shared by every schedule and estimate
@@ -65,7 +67,8 @@ def walk_frontier(trace, problem: SaveProblem, choices, *, window, setting, timi
                 storages = forward_storages(trace, with_backward=True)
         inherit = _anchors_of(lowest) if setting == "auto" and lowest is not None else ()
         checkpoints = checkpointed_schedule(trace, problem, choice, window=window, setting=setting, timings=timings,
-                                            regions=regions, inherit=inherit, names=names, storages=storages)
+                                            anchors=anchors, regions=regions, inherit=inherit, names=names,
+                                            storages=storages)
         names = checkpoints.schedule.names
         peak = checkpoints.peak_estimate
         if peak is None:

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from thunder_remat.records import Timings
 from thunder_remat.whole_graph.checkpoints import CheckpointChoice
 from thunder_remat.whole_graph.frontier_walk import walk_frontier, walk_order
-from thunder_remat.whole_graph.planner import BudgetChoice, Frontier, choose_capped
+from thunder_remat.whole_graph.planner import BudgetChoice, PlanSearch
 from thunder_remat.whole_graph.problem import SaveProblem
 
 __all__ = ["PeakChoice", "choose_for_peak"]
@@ -39,25 +39,28 @@ class PeakChoice:
     tried: tuple[tuple[int, int], ...]
 
 
-def choose_for_peak(trace, problem: SaveProblem, frontier: Frontier, target: int, *, window, setting,
-                    timings: Timings, regions=None, ceiling: int | None = None) -> PeakChoice:
-    """The first plan of ``frontier``, least recompute first, whose rewrite's estimated step peak
-    is at most ``target`` bytes; otherwise the plan with the lowest estimate. ``regions``: the
-    backward fusion regions the estimates model (``peak.predict_regions``). ``ceiling``: the
-    activation bytes Thunder alone saves (``planner.choose_capped``): the walk starts at the plan a
-    fraction of 1.0 takes, so a peak budget ranges over the plans a fraction budget does."""
+def choose_for_peak(trace, problem: SaveProblem, search: PlanSearch, target: int, *, window, setting,
+                    timings: Timings, anchors=None, regions=None, ceiling: int | None = None) -> PeakChoice:
+    """The first plan of ``search``'s frontier, least recompute first, whose rewrite's estimated
+    step peak is at most ``target`` bytes; otherwise the plan with the lowest estimate.
+    ``anchors``: the checkpoint anchors' plans (``checkpoints.checkpointed_schedule``);
+    ``regions``: the backward fusion regions the estimates model (``peak.predict_regions``).
+    ``ceiling``: the activation bytes Thunder alone saves (``PlanSearch.choose_capped``): the walk
+    starts at the plan a fraction of 1.0 takes, so a peak budget ranges over the plans a fraction
+    budget does."""
     tried: list[tuple[int, int]] = []
     lowest = None
+    frontier = search.frontier
     plans = list(frontier.plans)
     if ceiling is not None:
-        top = choose_capped(frontier, None, ceiling).plan
+        top = search.choose_capped(None, ceiling).plan
         plans = [plan for plan in plans if plan.saved_bytes <= top.saved_bytes]
         if top not in plans:
             plans.append(top)
     plans = sorted(plans, key=walk_order)
     choices = (BudgetChoice(plan, None, True, frontier, frontier.networks) for plan in plans)
     for step in walk_frontier(trace, problem, choices, window=window, setting=setting, timings=timings,
-                              regions=regions):
+                              anchors=anchors, regions=regions):
         tried.append((step.choice.plan.saved_bytes, step.peak))
         if step.peak <= target:
             return PeakChoice(step.choice, step.checkpoints, step.peak, True, tuple(tried))

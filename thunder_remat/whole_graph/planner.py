@@ -26,7 +26,7 @@ Neither family lands on every byte count: a budget between two frontier plans wo
 the lower one and leave the difference unused. So the gap the budget falls in is filled first,
 from the plan just above it: that plan with each one of its kept soft bans dropped, two chains
 that drop them one after another (smallest outputs first; least recompute per byte first) down to
-the plan below, and knapsacks whose capacity steps through the gap (see ``gap_plans``). The
+the plan below, and knapsacks whose capacity steps through the gap (see ``PlanSearch.gap_plans``). The
 filling depends only on the gap, not on where in it the budget lies, so saved bytes still never
 grow as the budget falls.
 """
@@ -46,8 +46,8 @@ from thunder_remat.budget import Budget, BudgetKind
 from thunder_remat.solvers.knapsack import solve_knapsack
 from thunder_remat.solvers.maxflow import CutResult, FlowNetwork, cut_from_source_side
 
-__all__ = ["SavePlan", "SaveNetworks", "Frontier", "BudgetChoice", "build_frontier", "gap_plans", "choose_plan",
-           "choose_fastest", "choose_capped", "is_fastest_budget"]
+__all__ = ["SavePlan", "SaveNetworks", "Frontier", "BudgetChoice", "PlanSearch", "build_frontier",
+           "choose_fastest", "is_fastest_budget", "target_bytes"]
 
 log = logging.getLogger(__name__)
 
@@ -94,10 +94,9 @@ class Frontier:
     fastest: SavePlan
     smallest: SavePlan
     solve_ms: float
-    #: the networks of the problem the plans solve; with them, a budget between two plans fills their gap
+    #: the networks of the problem the plans solve; with them, a budget between two plans fills
+    #: their gap (``PlanSearch``)
     networks: SaveNetworks | None = field(default=None, repr=False, compare=False)
-    #: plans found filling gaps, by the index of the plan above the gap (filled on demand)
-    filled: dict = field(default_factory=dict, repr=False, compare=False)
     #: the knapsack solver the plans were found with
     solver: str = "dp"
 
@@ -341,38 +340,92 @@ def build_frontier(problem: SaveProblem, solver: str = "dp", steps: int = FRONTI
     return Frontier(tuple(pareto), fastest, smallest, (time.perf_counter() - start) * 1e3, networks, solver=solver)
 
 
-def gap_plans(frontier: Frontier, target: int) -> tuple[SavePlan, ...]:
-    """The Pareto plans strictly between the two frontier plans around ``target`` bytes (none
-    without a problem, or when ``target`` is below the smallest or at or above the largest plan).
-
-    From the plan above the gap: the plan with one of its kept soft bans dropped (budgets just
-    below it; the ``GAP_STEPS`` bans with the smallest outputs); two chains that drop them one
-    after another until a plan saves no more than the one below the gap - smallest outputs first
-    (small steps down), and least recompute per byte of output first (the cheapest bytes first,
-    for budgets further down); and ``GAP_STEPS`` knapsacks whose capacity steps from the upper
-    plan's kept bytes down by the gap's width, which may also swap one kept ban for another.
-    ``GAP_STEPS`` single drops, two chains as long as the drops it takes to cross the gap, and
-    ``GAP_STEPS`` knapsacks and cuts; computed once per gap. (A chain that cuts only every few
-    drops misses plans: on the 6-layer GPT the 0.2 plan that makes the best backward checkpoints.)
+class PlanSearch:
+    """Chooses plans from one frontier: the one object of the solve stage that runs min cuts after
+    the frontier is built (to fill the gap a budget falls in, once per gap). The pass owns one per
+    compilation and hands what it chose to the later stages as records (``BudgetChoice``, the
+    anchor plans of ``anchor_plans``); no record refers back to it.
     """
-    plans = frontier.plans
-    if frontier.problem is None or not plans or target < plans[0].saved_bytes or target >= plans[-1].saved_bytes:
-        return ()
-    upper = next(k for k, p in enumerate(plans) if p.saved_bytes > target)
-    if upper not in frontier.filled:
-        start = time.perf_counter()
-        low, high = plans[upper - 1].saved_bytes, plans[upper].saved_bytes
-        found = _fill(frontier.networks, plans[upper], low, frontier.solver)
-        # A plan recomputing less than the upper plan would let a budget in this gap recompute
-        # less than one above it; like plans beating the fastest, it is not offered. Of the rest
-        # only the Pareto plans are kept: one another beats on both bytes and recompute is never
-        # the cheapest that fits (about half of a gap's plans at 32 layers).
-        least = plans[upper].recompute_cost
-        frontier.filled[upper] = tuple(_pareto(p for p in found if low < p.saved_bytes < high
-                                               and p.recompute_cost >= least))
-        log.debug("filled the gap %d..%d B with %d plans in %.1f ms", low, high, len(frontier.filled[upper]),
-                  (time.perf_counter() - start) * 1e3)
-    return frontier.filled[upper]
+
+    def __init__(self, frontier: Frontier) -> None:
+        self.frontier = frontier
+        #: plans found filling gaps, by the index of the plan above the gap
+        self._gaps: dict[int, tuple[SavePlan, ...]] = {}
+
+    @property
+    def gaps(self) -> dict[int, tuple[SavePlan, ...]]:
+        """The gaps filled so far: the index of the plan above each -> the plans found in it."""
+        return dict(self._gaps)
+
+    def gap_plans(self, target: int) -> tuple[SavePlan, ...]:
+        """The Pareto plans strictly between the two frontier plans around ``target`` bytes (none
+        without a problem, or when ``target`` is below the smallest or at or above the largest plan).
+
+        From the plan above the gap: the plan with one of its kept soft bans dropped (budgets just
+        below it; the ``GAP_STEPS`` bans with the smallest outputs); two chains that drop them one
+        after another until a plan saves no more than the one below the gap - smallest outputs first
+        (small steps down), and least recompute per byte of output first (the cheapest bytes first,
+        for budgets further down); and ``GAP_STEPS`` knapsacks whose capacity steps from the upper
+        plan's kept bytes down by the gap's width, which may also swap one kept ban for another.
+        ``GAP_STEPS`` single drops, two chains as long as the drops it takes to cross the gap, and
+        ``GAP_STEPS`` knapsacks and cuts; computed once per gap. (A chain that cuts only every few
+        drops misses plans: on the 6-layer GPT the 0.2 plan that makes the best backward checkpoints.)
+        """
+        frontier = self.frontier
+        plans = frontier.plans
+        if frontier.problem is None or not plans or target < plans[0].saved_bytes or target >= plans[-1].saved_bytes:
+            return ()
+        upper = next(k for k, p in enumerate(plans) if p.saved_bytes > target)
+        if upper not in self._gaps:
+            start = time.perf_counter()
+            low, high = plans[upper - 1].saved_bytes, plans[upper].saved_bytes
+            found = _fill(frontier.networks, plans[upper], low, frontier.solver)
+            # A plan recomputing less than the upper plan would let a budget in this gap recompute
+            # less than one above it; like plans beating the fastest, it is not offered. Of the rest
+            # only the Pareto plans are kept: one another beats on both bytes and recompute is never
+            # the cheapest that fits (about half of a gap's plans at 32 layers).
+            least = plans[upper].recompute_cost
+            self._gaps[upper] = tuple(_pareto(p for p in found if low < p.saved_bytes < high
+                                              and p.recompute_cost >= least))
+            log.debug("filled the gap %d..%d B with %d plans in %.1f ms", low, high, len(self._gaps[upper]),
+                      (time.perf_counter() - start) * 1e3)
+        return self._gaps[upper]
+
+    def choose(self, budget) -> BudgetChoice:
+        """The plan with the least recompute that fits the budget; if none fits, the smallest plan.
+
+        ``budget`` is ``None`` (fastest plan), a ``Budget`` (or the tuple ``(kind, amount)``): a
+        fraction in [0, 1] or bytes.
+        """
+        frontier = self.frontier
+        target = target_bytes(frontier, budget)
+        if is_fastest_budget(budget):
+            return BudgetChoice(frontier.fastest, target, True, frontier, frontier.networks)
+        fitting = [p for p in frontier.plans if p.saved_bytes <= target]
+        if fitting and fitting[-1].saved_bytes < target:
+            # the gap above the largest plan that fits holds plans that may fit too; when that plan
+            # saves exactly the target (budget 0.0: the smallest plan), none of them can
+            fitting += [p for p in self.gap_plans(target) if p.saved_bytes <= target]
+        if not fitting:
+            return BudgetChoice(frontier.plans[0], target, False, frontier, frontier.networks)
+        best = min(fitting, key=lambda p: (p.recompute_cost, p.saved_bytes, p.key))
+        return BudgetChoice(best, target, True, frontier, frontier.networks)
+
+    def choose_capped(self, budget, ceiling: int) -> BudgetChoice:
+        """``choose`` for a fraction budget (None: 1.0) whose scale runs from the smallest plan to
+        the fastest plan saving at most ``ceiling`` bytes (never below the smallest plan)."""
+        fraction = 1.0 if budget is None else float(budget[1])
+        low, high = self.frontier.smallest.saved_bytes, self.frontier.fastest.saved_bytes
+        top = min(high, max(ceiling, low))
+        if top >= high:
+            return self.choose(Budget.fraction(fraction))
+        target = int(math.floor(low + fraction * (top - low) + 1e-9))
+        return self.choose(Budget.bytes(target))
+
+    def anchor_plans(self, fractions) -> dict[float, SavePlan]:
+        """The plan each budget fraction chooses, for the checkpoint stage's anchors (which then
+        needs no min cut of its own)."""
+        return {float(f): self.choose(Budget.fraction(f)).plan for f in fractions}
 
 
 def _fill(networks: SaveNetworks, upper: SavePlan, floor_bytes: int, solver: str) -> list[SavePlan]:
@@ -430,35 +483,3 @@ def target_bytes(frontier: Frontier, budget) -> int | None:
         low, high = frontier.smallest.saved_bytes, frontier.fastest.saved_bytes
         return int(math.floor(low + amount * (high - low) + 1e-9))
     return int(amount)
-
-
-def choose_plan(frontier: Frontier, budget) -> BudgetChoice:
-    """The plan with the least recompute that fits the budget; if none fits, the smallest plan.
-
-    ``budget`` is ``None`` (fastest plan), a ``Budget`` (or the tuple ``(kind, amount)``): a fraction in
-    [0, 1] or bytes.
-    """
-    target = target_bytes(frontier, budget)
-    if is_fastest_budget(budget):
-        return BudgetChoice(frontier.fastest, target, True, frontier, frontier.networks)
-    fitting = [p for p in frontier.plans if p.saved_bytes <= target]
-    if fitting and fitting[-1].saved_bytes < target:
-        # the gap above the largest plan that fits holds plans that may fit too; when that plan
-        # saves exactly the target (budget 0.0: the smallest plan), none of them can
-        fitting += [p for p in gap_plans(frontier, target) if p.saved_bytes <= target]
-    if not fitting:
-        return BudgetChoice(frontier.plans[0], target, False, frontier, frontier.networks)
-    best = min(fitting, key=lambda p: (p.recompute_cost, p.saved_bytes, p.key))
-    return BudgetChoice(best, target, True, frontier, frontier.networks)
-
-
-def choose_capped(frontier: Frontier, budget, ceiling: int) -> BudgetChoice:
-    """``choose_plan`` for a fraction budget (None: 1.0) whose scale runs from the smallest plan to
-    the fastest plan saving at most ``ceiling`` bytes (never below the smallest plan)."""
-    fraction = 1.0 if budget is None else float(budget[1])
-    low, high = frontier.smallest.saved_bytes, frontier.fastest.saved_bytes
-    top = min(high, max(ceiling, low))
-    if top >= high:
-        return choose_plan(frontier, Budget.fraction(fraction))
-    target = int(math.floor(low + fraction * (top - low) + 1e-9))
-    return choose_plan(frontier, Budget.bytes(target))

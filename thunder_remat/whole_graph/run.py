@@ -13,18 +13,18 @@ import warnings
 from dataclasses import dataclass, field
 from typing import ClassVar
 
-from thunder_remat.budget import BudgetKind
+from thunder_remat.budget import Budget, BudgetKind
 from thunder_remat.policies import contraction_kind
 from thunder_remat.records import PassResult, PassStatus
 from thunder_remat.verify import kept_if_verified
 from thunder_remat.whole_graph.reasons import PlanReasons, plan_reasons
 from thunder_remat.whole_graph.analysis import build_save_problem
-from thunder_remat.whole_graph.checkpoints import checkpointed_schedule
+from thunder_remat.whole_graph.checkpoints import anchor_fractions, checkpointed_schedule
 from thunder_remat.whole_graph.peak import predict_regions
 from thunder_remat.whole_graph.frontier_walk import plans_ahead, walk_frontier
 from thunder_remat.whole_graph.peak_budget import choose_for_peak
-from thunder_remat.whole_graph.planner import (BudgetChoice, Frontier, build_frontier, choose_capped, choose_fastest,
-                                               choose_plan, is_fastest_budget)
+from thunder_remat.whole_graph.planner import (BudgetChoice, Frontier, PlanSearch, build_frontier, choose_fastest,
+                                               is_fastest_budget, target_bytes)
 from thunder_remat.whole_graph.problem import SaveProblem, with_measured_costs
 from thunder_remat.whole_graph.rewrite import build
 from thunder_remat.whole_graph.zero3 import prefetch_regathers
@@ -70,7 +70,6 @@ class SavePassResult(PassResult):
     ceiling: int | None = None
     #: why the plan saves each value and recomputes each op, recorded when it was chosen
     reasons: PlanReasons | None = None
-    _frontier: Frontier | None = field(default=None, repr=False, compare=False)
 
     @property
     def checkpoint_ops(self) -> tuple[int, ...]:
@@ -104,16 +103,11 @@ class SavePassResult(PassResult):
         costs = {op.index: op.cost for op in self.problem.ops} if self.problem else {}
         return float(sum(costs[i] for i in self.copied_ops))
 
-    def frontier(self) -> Frontier:
-        """The Pareto frontier of plans: the one the budget chose from, or (budget 1.0 needs none)
-        one solved on this call and kept with the result."""
-        if self.choice is None:
-            raise ValueError("the whole-graph pass did not produce a plan" + (f": {self.failure}" if self.failure else ""))
-        if self.choice.frontier is not None:
-            return self.choice.frontier
-        if self._frontier is None:
-            self._frontier = build_frontier(self.problem, self.solver)
-        return self._frontier
+    @property
+    def frontier(self) -> Frontier | None:
+        """The Pareto frontier of plans the budget chose from (None at the fastest plan, which
+        needs none: ``whole_graph.planner.build_frontier(result.problem)`` solves one)."""
+        return None if self.choice is None else self.choice.frontier
 
     def provenance(self) -> str:
         if self.status is PassStatus.FAILED:
@@ -184,33 +178,43 @@ def plan_saved_values(trace, config, *, zero3: bool = False, fusible=None, kerne
         regions = predict_regions(trace, fusible, config.split_regions, kernels) if fusible is not None else None
         peak_budget = config.budget is not None and BudgetKind(config.budget[0]) is BudgetKind.PEAK
         ceiling = _ask_ceiling(trace, problem, fusible, ceiling)
+        search = anchors = None
         with timings.stage("solve"):
             if is_fastest_budget(config.budget):
                 choice = choose_fastest(problem, config.budget)
                 if ceiling is not None and choice.plan.saved_bytes > ceiling:
-                    choice = choose_capped(build_frontier(problem, config.solver), config.budget, ceiling)
-            elif peak_budget:
-                frontier = build_frontier(problem, config.solver)
-            elif ceiling is not None and BudgetKind(config.budget[0]) is BudgetKind.FRACTION:
-                choice = choose_capped(build_frontier(problem, config.solver), config.budget, ceiling)
+                    search = PlanSearch(build_frontier(problem, config.solver))
+                    choice = search.choose_capped(config.budget, ceiling)
             else:
-                choice = choose_plan(build_frontier(problem, config.solver), config.budget)
+                search = PlanSearch(build_frontier(problem, config.solver))
+                if peak_budget:
+                    choice = None
+                elif ceiling is not None and BudgetKind(config.budget[0]) is BudgetKind.FRACTION:
+                    choice = search.choose_capped(config.budget, ceiling)
+                else:
+                    choice = search.choose(config.budget)
+            if search is not None and window is not None:
+                # the checkpoint stage's anchors, chosen here: it runs no min cut of its own
+                floor = search.frontier.smallest.saved_bytes if choice is None else choice.plan.saved_bytes
+                anchors = search.anchor_plans(f for f in anchor_fractions(config.checkpoint_budget)
+                                              if target_bytes(search.frontier, Budget.fraction(f)) > floor)
             result.ceiling = ceiling
         if peak_budget:
-            picked = choose_for_peak(trace, problem, frontier, int(config.budget[1]), window=window,
-                                     setting=config.checkpoint_budget, timings=timings, regions=regions,
-                                     ceiling=ceiling)
+            picked = choose_for_peak(trace, problem, search, int(config.budget[1]), window=window,
+                                     setting=config.checkpoint_budget, anchors=anchors, timings=timings,
+                                     regions=regions, ceiling=ceiling)
             choice, checkpoints = picked.choice, picked.checkpoints
         elif config.checkpoint_budget == "auto" and window is not None and choice.frontier is not None:
             # below the fastest plan: walk down to the chosen plan, which may hold a rewrite above it
             choices = [BudgetChoice(p, None, True, choice.frontier, choice.frontier.networks)
                        for p in plans_ahead(choice.frontier, choice.plan)] + [choice]
-            *_, last = walk_frontier(trace, problem, choices, window=window, setting="auto", timings=timings,
-                                     regions=regions)
+            *_, last = walk_frontier(trace, problem, choices, window=window, setting="auto", anchors=anchors,
+                                     timings=timings, regions=regions)
             checkpoints = last.checkpoints
         else:
             checkpoints = checkpointed_schedule(trace, problem, choice, window=window,
-                                                setting=config.checkpoint_budget, timings=timings, regions=regions)
+                                                setting=config.checkpoint_budget, anchors=anchors, timings=timings,
+                                                regions=regions)
         result.choice = choice
         result.reasons = plan_reasons(problem, choice.plan)
         _record_checkpoints(result, checkpoints)
