@@ -30,7 +30,7 @@ regions the executor is expected to form (a region holds what it reads until it 
 with the default executors): docs/whole-graph.md, "The step's peak".
 
 Models: the built-in ``mlp``, ``gpt``, ``llama`` (``--size`` preset, ``--layers`` overrides its
-depth), any zoo model by name (``thunder_remat.zoo``, e.g. ``"litgpt Llama-3.2-1B"``, shaped by
+depth), any zoo model by name (``tests/model_zoo.py``, e.g. ``"litgpt Llama-3.2-1B"``, shaped by
 ``--layers --width --tokens --batch``), and ``litgpt-llama`` for the zoo's LLaMA-style litgpt model.
 
 Usage::
@@ -50,6 +50,10 @@ import sys
 import time
 import warnings
 from dataclasses import dataclass
+from pathlib import Path
+
+# the zoo (tests/model_zoo.py) is shared with the tests, not installed with the package
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
 log = logging.getLogger("peak_frontier")
 
@@ -62,7 +66,7 @@ BLOCK_PATHS = ("blocks", "transformer.h", "model.layers", "layers", "encoder.lay
 
 
 def parse_args(argv=None):
-    from thunder_remat import zoo
+    import model_zoo as zoo
     from thunder_remat.models import SIZES
 
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -151,7 +155,7 @@ def workload(args) -> Workload:
                  f"batch {spec.batch})")
         return Workload(label, build, lambda out: out.float().pow(2).mean())
 
-    from thunder_remat import zoo
+    import model_zoo as zoo
 
     entry = zoo.zoo_model(args.model)
     shape = zoo.ZooShape(batch=args.batch, tokens=args.tokens, width=args.width, layers=args.layers or 2)
@@ -286,7 +290,7 @@ def run_config(work: Workload, config: str, budget: float | None, reference, arg
         model.zero_grad(set_to_none=True)
         step()
         grads = [p.grad for p in model.parameters()]
-        from thunder_remat.zoo import same_gradients
+        from model_zoo import same_gradients
 
         ok = same_gradients(grads, reference, atol=args.atol, rtol=args.rtol)
         worst = max((float((g - r).abs().max()) for g, r in zip(grads, reference) if g is not None and r is not None),

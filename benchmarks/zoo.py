@@ -1,7 +1,7 @@
 """The zoo: real model code (litgpt, Hugging Face transformers, the built-in models) through
 thunder_remat, with the light executor and with Thunder's torch.compile executor.
 
-For every zoo model (``thunder_remat.zoo``, random weights, nothing downloaded) and executor:
+For every zoo model (``tests/model_zoo.py``, random weights, nothing downloaded) and executor:
 
 * Thunder 0.2.6 without thunder_remat (its own fusion-pair pass), once;
 * thunder_remat at budgets 1.0, 0.5 and 0.0, and at two byte budgets (a third and two thirds of
@@ -33,6 +33,10 @@ import logging
 import sys
 import time
 import warnings
+from pathlib import Path
+
+# the zoo (tests/model_zoo.py) is shared with the tests, not installed with the package
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
 log = logging.getLogger("zoo")
 
@@ -42,7 +46,7 @@ START, END = "<!-- zoo table -->", "<!-- end zoo table -->"
 
 
 def parse_args(argv=None):
-    from thunder_remat.zoo import ZOO_SHAPES
+    from model_zoo import ZOO_SHAPES
 
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--size", default="small", choices=sorted(ZOO_SHAPES))
@@ -64,7 +68,7 @@ def torch_compile_bytes(entry, size, budget, ref) -> tuple[int, bool]:
     import torch._functorch.config as functorch_config
 
     from thunder_remat.inspect.measure import saved_for_backward
-    from thunder_remat.zoo import same_gradients
+    from model_zoo import same_gradients
 
     torch._dynamo.reset()
     model, inputs = entry.make(size)
@@ -80,7 +84,7 @@ def bench(entry, size, executor_name, torch_bytes) -> dict:
     from thunder_remat.executors import fusion_executor_by_name
     from thunder_remat.inspect.tradeoff import frontier_of
     from thunder_remat.plugin import thunder_alone_saved_bytes
-    from thunder_remat.zoo import eager_gradients, run_zoo_model, same_gradients
+    from model_zoo import eager_gradients, run_zoo_model, same_gradients
 
     executors = [fusion_executor_by_name(executor_name)]
     ref = eager_gradients(entry, size)
@@ -166,7 +170,7 @@ def table(rows, size) -> str:
             f"| {yn[equal]} | {runs[0]['measured'] / r['thunder']:.2f}x | {torch_cell} | {held} | {yn[grads]} "
             f"| {failed} | {explained} |"
         )
-    from thunder_remat.zoo import ZOO_SHAPES
+    from model_zoo import ZOO_SHAPES
 
     shape = ZOO_SHAPES[size]
     lines.append("")
@@ -184,7 +188,7 @@ def main(argv=None) -> int:
     warnings.filterwarnings("ignore")
     args = parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S", stream=sys.stderr)
-    from thunder_remat.zoo import ZOO, available, eager_gradients
+    from model_zoo import ZOO, available, eager_gradients
 
     entries = [e for e in ZOO if available(e) and (not args.models or any(m in e.name for m in args.models))]
     skipped = [e.name for e in ZOO if not available(e)]

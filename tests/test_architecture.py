@@ -22,7 +22,7 @@ LAYERS = (
     ("executors",),
     ("whole_graph", "pairs"),
     ("plugin",),
-    ("inspect", "models", "zoo", "__main__", "__init__"),
+    ("inspect", "models", "__main__", "__init__"),
 )
 #: modules that must not import thunder, directly or through the thunder_remat modules they import
 PLAIN = ("solvers", "policies", "budget", "records", "whole_graph.problem", "whole_graph.planner", "whole_graph.reasons", "pairs.problem",

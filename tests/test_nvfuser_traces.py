@@ -57,7 +57,7 @@ from helpers import bytes_crossing, fusion_regions  # noqa: E402
 from thunder_remat.executors import adapter_for  # noqa: E402
 from thunder_remat.executors.nvfuser import IMPL_MODULE, NvFuserAdapter, nvfuser_available, nvfuser_module  # noqa: E402
 from thunder_remat.models import build_model, example_batch  # noqa: E402
-from thunder_remat.zoo import available, zoo_model  # noqa: E402
+from model_zoo import available, zoo_model  # noqa: E402
 
 pytestmark = pytest.mark.jit
 
@@ -79,7 +79,7 @@ VARIANTS = {
 }
 
 
-#: zoo models (thunder_remat.zoo, real model code) tested too; skipped (which fails .ci/run) where
+#: zoo models (tests/model_zoo.py, real model code) tested too; skipped (which fails .ci/run) where
 #: litgpt or transformers is not installed
 ZOO_MODELS = ("litgpt pythia-14m", "transformers BERT")
 

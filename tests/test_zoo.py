@@ -14,7 +14,7 @@ from thunder_remat.plugin import _collector_paused, thunder_alone_saved_bytes
 from thunder_remat.policies import contraction_kind
 from thunder_remat.records import PassStatus
 from thunder_remat.whole_graph.run import BudgetInfeasibleWarning
-from thunder_remat.zoo import ZOO, available, eager_gradients, run_zoo_model, same_gradients, zoo_model
+from model_zoo import ZOO, available, eager_gradients, run_zoo_model, same_gradients, zoo_model
 
 pytestmark = pytest.mark.jit
 
