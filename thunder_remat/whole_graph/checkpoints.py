@@ -161,82 +161,114 @@ def checkpointed_schedule(trace, problem: SaveProblem, choice: BudgetChoice, *, 
     if its estimate is lower than every other. ``names``, ``storages``: the trace's
     ``trace_names`` and ``forward_storages(trace, with_backward=True)`` when already known.
     """
-
-    def schedule(checkpoints=(), early=False):
-        nonlocal names
-        with timings.stage("rewrite"):
-            made = copy_schedule(trace, problem, choice.plan, window, checkpoints, names, early)
-        names = made.names
-        return made
-
+    candidates = _Candidates(trace, problem, choice, window, timings, anchors, regions, names, storages)
     if window is None or setting is False or choice.frontier is None:
-        return CheckpointChoice(schedule())
+        return CheckpointChoice(candidates.schedule())
     if setting != "auto":
         levels = backward_checkpoints(problem, choice, anchor_fractions(setting), anchors)
-        return CheckpointChoice(schedule(tuple(ops for _, ops in levels)), levels)
+        return CheckpointChoice(candidates.schedule(tuple(ops for _, ops in levels)), levels)
     ops = {op.index: op for op in problem.ops}
-    plain = schedule()
+    plain = candidates.schedule()
     cheap_only = not any(ops[i].soft_ban for i in choice.plan.recomputed)
     if cheap_only and not inherit:
         return CheckpointChoice(plain)  # only cheap ops recomputed: the window alone bounds what is held
-    with timings.stage("estimate"):
-        if storages is None:
-            storages = forward_storages(trace, with_backward=True)  # shared by every estimate
-        plain_peak = estimate_schedule_peak(plain, storages, regions)
-    estimates = {}
-    seen = set()
-
-    def attempt(chain, held_at=None, early=False) -> Candidate | None:
-        if held_at is None:
-            levels = _anchored_levels(problem, choice, chain, anchors)
-        else:
-            levels = levels_for_anchors(problem, choice.plan, held_at)
-        held = tuple(ops for _, ops, _ in levels)
-        if not held or (held, early) in seen:
-            return None
-        seen.add((held, early))
-        candidate_schedule = schedule(held, early)
-        with timings.stage("estimate"):
-            peak = estimate_schedule_peak(candidate_schedule, storages, regions)
-        estimates[chain] = min(peak, estimates.get(chain, peak))  # an inherited chain is tried made early and late
-        return Candidate(chain, levels, peak, candidate_schedule)
-
-    best = None
-    if not cheap_only:
-        singles = []
-        for fraction in AUTO_ANCHORS:
-            candidate = attempt((fraction,))
-            if candidate is None:
-                continue
-            singles.append(candidate)
-            _let_go(plain_peak, singles)
-        best = choose_anchor(plain_peak, singles)
-    if best is not None:
-        # Nest: hold the nearest anchor's values (the smallest anchor that gives another rewrite) and
-        # recompute the chosen anchor's from them, as the nearest plan's own backward would; kept if
-        # that lowers the estimate by AUTO_MIN_GAIN. (On the built-in models the nearest was also the
-        # best of all nearer anchors, for one rewrite instead of up to four.)
-        for fraction in (f for f in AUTO_ANCHORS if f < best.chain[0]):
-            nested = attempt((fraction, *best.chain))
-            if nested is not None:
-                if nested.peak <= (1.0 - AUTO_MIN_GAIN) * best.peak:
-                    best = nested
-                break
+    plain_peak = candidates.estimate(plain)
+    best = None if cheap_only else _best_anchor_chain(candidates, plain_peak)
     if inherit:
-        # the lowest-peak rewrite of a plan that saves more, held: its saved values and its checkpoints
-        # made when the backward starts, where it holds least without fusion; with backward fusion
-        # regions they then run in the first region, which holds them to its end, so made at first
-        # use is tried too, and the estimate (which cuts the regions of each rewrite) picks
-        chain = tuple(fraction for fraction, _ in inherit)
-        fused = regions is not None and regions.fuses_any
-        for held_above in [attempt(chain, inherit, early=True)] + ([attempt(chain, inherit)] if fused else []):
-            if held_above is not None and held_above.peak < (plain_peak if best is None else best.peak):
-                best = held_above
+        best = _held_above(candidates, inherit, best, plain_peak)
     if best is None:
-        return CheckpointChoice(plain, (), plain_peak, plain_peak, estimates)
+        return CheckpointChoice(plain, (), plain_peak, plain_peak, candidates.estimates)
     levels = tuple((fraction, ops) for fraction, ops, _ in best.levels)
     anchors = tuple((fraction, anchor) for fraction, _, anchor in best.levels)
-    return CheckpointChoice(best.schedule, levels, best.peak, plain_peak, estimates, anchors)
+    return CheckpointChoice(best.schedule, levels, best.peak, plain_peak, candidates.estimates, anchors)
+
+
+@dataclass
+class _Candidates:
+    """Makes and estimates the copy schedules one checkpoint search tries; every schedule and
+    estimate of the trace shares its names and storages, and each anchor chain's lowest estimate
+    is kept (``CheckpointChoice.anchor_estimates``)."""
+
+    trace: object
+    problem: SaveProblem
+    choice: BudgetChoice
+    window: object
+    timings: Timings
+    anchors: dict | None
+    regions: object
+    names: object = None
+    storages: object = None
+    estimates: dict = field(default_factory=dict)
+    tried: set = field(default_factory=set)
+
+    def schedule(self, checkpoints=(), early=False) -> CopySchedule:
+        with self.timings.stage("rewrite"):
+            made = copy_schedule(self.trace, self.problem, self.choice.plan, self.window, checkpoints, self.names,
+                                 early)
+        self.names = made.names
+        return made
+
+    def estimate(self, schedule: CopySchedule) -> int:
+        with self.timings.stage("estimate"):
+            if self.storages is None:
+                self.storages = forward_storages(self.trace, with_backward=True)
+            return estimate_schedule_peak(schedule, self.storages, self.regions)
+
+    def attempt(self, chain, held_at=None, early=False) -> Candidate | None:
+        """The candidate holding the anchors of ``chain`` (or the (fraction, plan) anchors
+        ``held_at``); None if it holds nothing or was tried already."""
+        if held_at is None:
+            levels = _anchored_levels(self.problem, self.choice, chain, self.anchors)
+        else:
+            levels = levels_for_anchors(self.problem, self.choice.plan, held_at)
+        held = tuple(ops for _, ops, _ in levels)
+        if not held or (held, early) in self.tried:
+            return None
+        self.tried.add((held, early))
+        schedule = self.schedule(held, early)
+        peak = self.estimate(schedule)
+        # an inherited chain is tried made early and late: the lower counts
+        self.estimates[chain] = min(peak, self.estimates.get(chain, peak))
+        return Candidate(chain, levels, peak, schedule)
+
+
+def _best_anchor_chain(candidates: _Candidates, plain_peak: int) -> Candidate | None:
+    """The best single anchor ("auto" rule, ``choose_anchor``), then nested with the nearest anchor
+    below it if that lowers the estimate by ``AUTO_MIN_GAIN``; None if no anchor gains enough."""
+    singles = []
+    for fraction in AUTO_ANCHORS:
+        candidate = candidates.attempt((fraction,))
+        if candidate is None:
+            continue
+        singles.append(candidate)
+        _let_go(plain_peak, singles)
+    best = choose_anchor(plain_peak, singles)
+    if best is None:
+        return None
+    # Nest: hold the nearest anchor's values (the smallest anchor that gives another rewrite) and
+    # recompute the chosen anchor's from them, as the nearest plan's own backward would. (On the
+    # built-in models the nearest was also the best of all nearer anchors, for one rewrite instead
+    # of up to four.)
+    for fraction in (f for f in AUTO_ANCHORS if f < best.chain[0]):
+        nested = candidates.attempt((fraction, *best.chain))
+        if nested is not None:
+            return nested if nested.peak <= (1.0 - AUTO_MIN_GAIN) * best.peak else best
+    return best
+
+
+def _held_above(candidates: _Candidates, inherit, best: Candidate | None, plain_peak: int) -> Candidate | None:
+    """``best``, or the lowest-peak rewrite of a plan that saves more, held (``inherit``) if its
+    estimate is lower: its saved values and checkpoints made when the backward starts, where it
+    holds least without fusion; with backward fusion regions they then run in the first region,
+    which holds them to its end, so made at first use is tried too, and the estimate (which cuts
+    the regions of each rewrite) picks."""
+    chain = tuple(fraction for fraction, _ in inherit)
+    fused = candidates.regions is not None and candidates.regions.fuses_any
+    for held_above in [candidates.attempt(chain, inherit, early=True)] + (
+            [candidates.attempt(chain, inherit)] if fused else []):
+        if held_above is not None and held_above.peak < (plain_peak if best is None else best.peak):
+            best = held_above
+    return best
 
 
 def _let_go(plain_peak: int, candidates) -> None:
