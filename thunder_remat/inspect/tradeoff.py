@@ -52,7 +52,8 @@ def _frontier(source):
 
 
 def sweep_budgets(source, budgets=DEFAULT_SWEEP) -> list[SweepPoint]:
-    """Saved bytes and estimated recompute of the plan each budget would choose."""
+    """Saved bytes and estimated recompute of the plan each budget would choose (it solves: min
+    cuts for the budgets that fall between the frontier's plans, as the pass itself would)."""
     frontier, unit = _frontier(source)
     points = []
     for b in budgets:
