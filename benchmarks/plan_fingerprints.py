@@ -21,7 +21,9 @@ import json
 import logging
 import os
 import re
+import subprocess
 import sys
+import tempfile
 import time
 import warnings
 from pathlib import Path
@@ -139,6 +141,11 @@ def main(argv=None) -> int:
     p.add_argument("--models", default="", help="comma list of zoo names (default: all available)")
     p.add_argument("--executors", default=",".join(EXECUTORS), help=f"comma list of {', '.join(EXECUTORS)}")
     p.add_argument("--budgets", default=",".join(BUDGETS), help="comma list: none, fractions, bytes, peak:...")
+    p.add_argument("--rows", help="a JSON file of row keys ('model | executor | budget') to run, instead of the "
+                   "product of --models, --executors and --budgets")
+    p.add_argument("--fresh", action="store_true",
+                   help="each row in a process of its own (Thunder's traces depend on what the process jitted "
+                        "before: proxy numbering, the names of tied parameters)")
     p.add_argument("--compare", nargs=2, metavar=("BEFORE", "AFTER"), help="compare two files and exit")
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
@@ -157,26 +164,45 @@ def main(argv=None) -> int:
     names = [n.strip() for n in args.models.split(",") if n.strip()] or zoo_names()
     entries = [zoo_model(n) for n in names]
     budgets = [b.strip() for b in args.budgets.split(",") if b.strip()]
+    if args.rows:
+        with open(args.rows) as f:
+            wanted = [key.split(" | ") for key in json.load(f)]
+    else:
+        wanted = [(entry.name, executor, budget) for entry in entries for executor in executors for budget in budgets]
     rows: dict = {}
-    total = len(entries) * len(executors) * len(budgets)
-    for entry in entries:
+    for name, executor, budget in wanted:
+        entry = zoo_model(name)
         if not available(entry):
             log.info("%s: skipped (%s is not installed)", entry.name, entry.requires)
             continue
-        for executor in executors:
-            if entry.thunder_error(executor):
-                continue
-            for budget in budgets:
-                start = time.perf_counter()
-                key = f"{entry.name} | {executor} | {budget}"
-                try:
-                    rows[key] = fingerprint(entry, executor, budget)
-                except Exception as exc:  # a row that fails is a row to compare, not a stop
-                    rows[key] = {"error": f"{type(exc).__name__}: {exc}"[:300]}
-                log.info("[%d/%d] %s (%.0f s)", len(rows), total, key, time.perf_counter() - start)
-                with open(args.out, "w") as f:
-                    json.dump(rows, f, indent=1, sort_keys=True)
+        if entry.thunder_error(executor):
+            continue
+        start = time.perf_counter()
+        key = f"{entry.name} | {executor} | {budget}"
+        rows[key] = _fresh_row(name, executor, budget) if args.fresh else _row(entry, executor, budget)
+        log.info("[%d/%d] %s (%.0f s)", len(rows), len(wanted), key, time.perf_counter() - start)
+        with open(args.out, "w") as f:
+            json.dump(rows, f, indent=1, sort_keys=True)
     return 0
+
+
+def _row(entry, executor: str, budget: str) -> dict:
+    try:
+        return fingerprint(entry, executor, budget)
+    except Exception as exc:  # a row that fails is a row to compare, not a stop
+        return {"error": f"{type(exc).__name__}: {exc}"[:300]}
+
+
+def _fresh_row(name: str, executor: str, budget: str) -> dict:
+    """One row fingerprinted by a new process of this script."""
+    with tempfile.TemporaryDirectory() as tmp:
+        out = os.path.join(tmp, "row.json")
+        subprocess.run([sys.executable, os.path.abspath(__file__), "--out", out, "--models", name, "--executors",
+                        executor, "--budgets", budget], check=True, stdout=subprocess.DEVNULL,
+                       stderr=subprocess.DEVNULL)
+        with open(out) as f:
+            (row,) = json.load(f).values()
+        return row
 
 
 if __name__ == "__main__":
