@@ -128,12 +128,23 @@ def test_the_estimate_holds_what_a_torch_compile_region_reads_until_it_returns()
     dict(reads=[("x",), ("a",), ("b",), ("x",), ("c", "a2")], makes=[("a",), ("b",), ("c",), ("a2",), ("d",)],
          sizes={"a": 100, "b": 100, "c": 100, "a2": 100, "d": 100}, freeable=set(), outputs={"d"},
          apart=[(1, 3, 150)], fixed={1, 2}, cuts=[]),
+    # a prologue (op 0) makes h, read late: crossing every cut, it blocks the cut that frees g
+    dict(reads=[("x",), ("g",), ("h", "a"), ("b",)], makes=[("h",), ("a",), ("b",), ("c",)],
+         sizes={"h": 400, "a": 40, "b": 40, "c": 400, "g": 10}, freeable={"g"}, outputs={"c"}, cuts=[]),
+    # cut after the prologue, h is an input of the rest, freed by the cut after its last read
+    dict(reads=[("x",), ("g",), ("h", "a"), ("b",)], makes=[("h",), ("a",), ("b",), ("c",)],
+         sizes={"h": 400, "a": 40, "b": 40, "c": 400, "g": 10}, freeable={"g"}, outputs={"c"},
+         boundaries=[0], cuts=[0, 2]),
+    # never where ``fixed`` forbids it; a boundary after the last op is no cut
+    dict(reads=[("x",), ("g",), ("h", "a"), ("b",)], makes=[("h",), ("a",), ("b",), ("c",)],
+         sizes={"h": 400, "a": 40, "b": 40, "c": 400, "g": 10}, freeable={"g"}, outputs={"c"},
+         fixed={0}, boundaries=[0, 3], cuts=[]),
 ])
 def test_region_cuts_case_table(case):
     from thunder_remat.solvers.region_cuts import region_cuts
 
     assert region_cuts(case["reads"], case["makes"], case["sizes"], case["freeable"], case["outputs"],
-                       case.get("apart", ()), case.get("fixed", frozenset())) \
+                       case.get("apart", ()), case.get("fixed", frozenset()), case.get("boundaries", ())) \
         == case["cuts"]
 
 

@@ -126,6 +126,61 @@ def test_copies_made_for_one_reader_are_all_read_by_it():
                for b, i in zip(landed, schedule.emitted))
 
 
+def test_the_backward_prologue_ends_a_region_for_the_estimate_and_the_split_alike():
+    """Checkpoints made when the backward starts (``early``) are its prologue: the schedule counts
+    them, the rewrite names them, and both the step-peak estimate and ``pairs.split`` cut the
+    backward region after them, so that the region after holds them as inputs (freed by a later
+    cut), as it would hold the saved values they stand for. Without the prologue cut, what the
+    prologue made crosses every later cut and the region is not cut at all."""
+    import thunder.torch as ltorch
+
+    from builders import joint_trace
+    from thunder_remat.executors.base import fusion_counter
+    from thunder_remat.executors.eager import eager_fusion_ex
+    from thunder_remat.pairs.split import split_backward_regions
+    from thunder_remat.whole_graph.peak import predict_regions
+    from thunder_remat.whole_graph.rewrite import prologue_names, schedule_copies
+
+    chain = {}
+
+    def forward(x):
+        a = ltorch.exp(x)
+        b = ltorch.sin(a)
+        c = ltorch.cos(b)
+        chain.update(a=a, b=b, c=c)
+        return ltorch.mul(c, 2.0)
+
+    def backward(x, out, g):
+        s = ltorch.sum(ltorch.mul(g, chain["c"]), 1, keepdim=True)  # g's last read: a cut would free it
+        return (ltorch.mul(ltorch.mul(ltorch.exp(x), s), chain["a"]),)
+
+    trace = joint_trace(forward, backward, [("x", 64, 64)])
+    made = {b.flat_proxy_outs[0].name: i for i, b in enumerate(trace.bound_symbols) if b.flat_proxy_outs}
+    ops = sorted(made[v.name] for v in chain.values())
+    early = schedule_copies(trace, ops, checkpoints=(frozenset(ops[:1]),), early=True)
+    late = schedule_copies(trace, ops, checkpoints=(frozenset(ops[:1]),))
+    assert early.prologue == 1 and early.emitted[0] == ops[0] and late.prologue == 0
+    built = build(early)
+    assert verify(trace, built) == []
+    names = prologue_names(early, built)
+    assert names == {"rc_" + chain["a"].name}
+
+    can_fuse = eager_fusion_ex.can_fuse
+    estimate = estimate_schedule_peak(early, regions=predict_regions(trace, can_fuse))
+    assert estimate == estimate_peak_bytes(built, predict_regions(built, can_fuse), names)
+    assert estimate < estimate_peak_bytes(built, predict_regions(built, can_fuse))  # no prologue cut
+
+    regions = fused(built)
+    backward_regions = [b for b in regions.bound_symbols if b.sym.is_fusion and "rc_" + chain["a"].name in
+                        {p.name for sub in b.subsymbols for p in sub.flat_proxy_outs}]
+    assert len(backward_regions) == 1
+    assert split_backward_regions(regions, adapter_for, fusion_counter)[1] == []
+    bsyms, cut = split_backward_regions(regions, adapter_for, fusion_counter, prologue=names)
+    assert cut and cut[0][0] == backward_regions[0].sym.name
+    pieces = [b for b in bsyms if b.sym.is_fusion and any(p.name in names for p in b.flat_proxy_outs)]
+    assert len(pieces) == 1 and pieces[0].subsymbols[-1].flat_proxy_outs[0].name in names
+
+
 def test_one_helper_verifies_and_undoes_a_rewrite():
     """``kept_if_verified`` keeps a sound rewrite and undoes a broken one: the result keeps the
     trace it was given, records why, and one warning names the rewrite (both passes use it)."""

@@ -71,7 +71,7 @@ def same_computations(bsyms: Sequence) -> list[tuple[int, int]]:
 
 def region_cut_positions(bsyms: Sequence, inputs: Sequence, outputs: set[str], held: set[str],
                          keep_apart: bool, names: RegionNames | None = None,
-                         storages: StorageMap | None = None) -> list[int]:
+                         storages: StorageMap | None = None, boundaries=()) -> list[int]:
     """Positions after which ``solvers.region_cuts`` cuts a region running ``bsyms``.
 
     ``inputs``: the region's input proxies; ``outputs``: names of what it returns (or what is read
@@ -83,7 +83,8 @@ def region_cut_positions(bsyms: Sequence, inputs: Sequence, outputs: set[str], h
     ``region_names`` of ``bsyms`` when the caller has them. ``storages``: the storage map of the
     whole trace the region is part of, so that an input that is a view of another value (made
     before the region) holds that value's storage, as the step-peak estimate counts it; without
-    it the region's inputs own their storages.
+    it the region's inputs own their storages. ``boundaries``: positions after which the region is
+    always cut (``region_cuts``).
 
     The rule sees storages, not names: a value and its views are one storage, made once and freed
     after the last read of any of them.
@@ -107,7 +108,7 @@ def region_cut_positions(bsyms: Sequence, inputs: Sequence, outputs: set[str], h
     freeable = {owner_of(p.name) for p in inputs} - held_storages
     apart = to_keep_apart(bsyms, outputs) if keep_apart else ()
     return region_cuts(reads, makes, sizes, freeable, {owner_of(n) for n in outputs}, apart,
-                       written_after_made(bsyms, storages))
+                       written_after_made(bsyms, storages), boundaries)
 
 
 def written_after_made(bsyms: Sequence, storages) -> set[int]:

@@ -96,7 +96,7 @@ class RematFusionExecutor(FusionExecutor):
                 result = PairPassResult(trace)
             if self.config.split_regions:
                 bsyms, result.split_regions = split_backward_regions(result.trace, adapter_for, fusion_counter,
-                                                                     keep_order)
+                                                                     keep_order, session.prologue)
                 if result.split_regions:
                     result.trace = _finalize(result.trace, bsyms)
             if self.config.verify and result.trace is not trace:
@@ -156,7 +156,8 @@ def plan_joint_trace(trace, executor: RematFusionExecutor):
                                    ceiling=ceiling)
     planned = result.status is not PassStatus.FAILED
     stash("session", replace(session, saved_set_planned=planned,
-                             planned_below_fastest=planned and _below_fastest(result.choice)))
+                             planned_below_fastest=planned and _below_fastest(result.choice),
+                             prologue=result.prologue))
     record_provenance(result.provenance())
     stash("save_result", result)
     return result.trace

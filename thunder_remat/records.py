@@ -105,3 +105,7 @@ class RematSession:
     #: regions as they are, so pairs between backward regions are left as they are, and regions
     #: run in the rewritten order (``remat_keep_plan_order``)
     planned_below_fastest: bool = False
+    #: names the rewritten backward makes when it starts (checkpoints made early: the plan's
+    #: ``SavePassResult.prologue``): a backward region is cut after the last of them, so that
+    #: the regions after hold them as inputs, as they would hold the saved values they stand for
+    prologue: frozenset[str] = frozenset()

@@ -27,11 +27,13 @@ __all__ = ["split_backward_regions"]
 
 
 def split_backward_regions(trace, adapter_for: Callable, fusion_counter: Callable,
-                           order_kept: bool = False) -> tuple[list, list[tuple[str, int]]]:
+                           order_kept: bool = False, prologue=frozenset()) -> tuple[list, list[tuple[str, int]]]:
     """The bound symbols of ``trace`` with each backward fusion region cut where ``region_cuts``
     says, and (region name, pieces) for every region cut. ``order_kept``: the regions will run
     their ops in order (``FusionAdapter.keep_plan_order``), so no executor merges two equal
-    computations and no cut is needed to keep them apart."""
+    computations and no cut is needed to keep them apart. ``prologue``: names the backward makes
+    when it starts (``RematSession.prologue``): a region is also cut after the last op making one,
+    as the step-peak estimate expects."""
     # the function's arguments and parameters are held anyway: a cut frees nothing of theirs
     arguments = [p for p in tree_flatten((trace.args, trace.kwargs))[0] if hasattr(p, "name")]
     held = {p.name for p in arguments}
@@ -61,7 +63,7 @@ def split_backward_regions(trace, adapter_for: Callable, fusion_counter: Callabl
             # an input read again after the region lives on: a cut cannot free it either
             read_later = {p.name for p in bsym.flat_proxy_args
                           if last_reader.get(storages.owner_of(p.name), -1) > position}
-            pieces = _pieces(bsym, held | read_later, merges, storages)
+            pieces = _pieces(bsym, held | read_later, merges, storages, prologue)
         if not pieces:
             out.append(bsym)
             continue
@@ -72,13 +74,15 @@ def split_backward_regions(trace, adapter_for: Callable, fusion_counter: Callabl
     return out, done
 
 
-def _pieces(region, held: set[str], keep_apart: bool, storages):
+def _pieces(region, held: set[str], keep_apart: bool, storages, prologue=frozenset()):
     """(inputs, outputs, bound symbols) of each piece of ``region``, or None when it is not cut."""
     subs = list(region.subsymbols)
     names = region_names(subs)
     proxies, reads, makes = names.proxies, names.reads, names.makes
     returned = [p.name for p in region.flat_proxy_outs]
-    cuts = region_cut_positions(subs, region.flat_proxy_args, set(returned), held, keep_apart, names, storages)
+    boundaries = [k for k, made in enumerate(makes) if prologue.intersection(made)][-1:]
+    cuts = region_cut_positions(subs, region.flat_proxy_args, set(returned), held, keep_apart, names, storages,
+                                boundaries)
     if not cuts:
         return None
     bounds = [0, *(k + 1 for k in cuts), len(subs)]

@@ -32,8 +32,45 @@ __all__ = ["region_cuts", "made_then_written"]
 
 def region_cuts(reads: Sequence[Sequence[str]], makes: Sequence[Sequence[str]], sizes: Mapping[str, int],
                 freeable: frozenset[str] | set[str], outputs: frozenset[str] | set[str],
-                apart: Sequence[tuple[int, int, int]] = (), fixed: frozenset[int] | set[int] = frozenset()) -> list[int]:
+                apart: Sequence[tuple[int, int, int]] = (), fixed: frozenset[int] | set[int] = frozenset(),
+                boundaries: Sequence[int] = ()) -> list[int]:
     """Positions ``k`` (0-based, in op order) after which to cut a region of ``len(reads)`` ops.
+
+    ``boundaries``: positions after which the region is always cut (unless ``fixed`` forbids it),
+    each part then cut alone as a region of its own: what an earlier part made is an input of the
+    parts that read it, freed by the cut after its last read, as the region's own inputs are.
+    (The backward's prologue, the checkpoints it makes when it starts, ends at a boundary: the
+    regions after it then hold those values as they would hold the saved values of the plan the
+    checkpoints stand for.) Other arguments as ``_greedy_cuts``.
+    """
+    n = len(reads)
+    ends = sorted({k for k in boundaries if 0 <= k < n - 1 and k not in fixed})
+    if not ends:
+        return _greedy_cuts(reads, makes, sizes, freeable, outputs, apart, fixed)
+    bounds = [0, *(k + 1 for k in ends), n]
+    made_before: set[str] = set()
+    read_from: list[set[str]] = [set() for _ in range(len(bounds))]  # per part: storages read in it or later
+    for part in range(len(bounds) - 2, -1, -1):
+        read_from[part] = set(read_from[part + 1]).union(*reads[bounds[part]:bounds[part + 1]])
+    cuts: list[int] = []
+    for part, (start, end) in enumerate(zip(bounds, bounds[1:])):
+        later = read_from[part + 1]
+        inputs = (set(freeable) | made_before) - later - set(outputs)
+        part_outputs = set(outputs) | later
+        local_apart = [(i - start, j - start, b) for i, j, b in apart if start <= i < j < end]
+        local_fixed = {k - start for k in fixed if start <= k < end}
+        found = _greedy_cuts(reads[start:end], makes[start:end], sizes, inputs, part_outputs, local_apart, local_fixed)
+        cuts += [start + k for k in found]
+        if end < n:
+            cuts.append(end - 1)
+        made_before.update(*makes[start:end])
+    return cuts
+
+
+def _greedy_cuts(reads: Sequence[Sequence[str]], makes: Sequence[Sequence[str]], sizes: Mapping[str, int],
+                 freeable: frozenset[str] | set[str], outputs: frozenset[str] | set[str],
+                 apart: Sequence[tuple[int, int, int]] = (), fixed: frozenset[int] | set[int] = frozenset()) -> list[int]:
+    """The greedy rule (module docstring) on one region.
 
     ``reads``/``makes``: the storages each op reads and allocates (a view reads its base and
     allocates nothing; a value and its views are one storage, freed after the last read of any of

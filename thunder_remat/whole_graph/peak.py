@@ -24,9 +24,10 @@ from thunder_remat.storage import StorageMap
 __all__ = ["RegionModel", "compiled_kernels", "estimate_peak_bytes", "estimate_schedule_peak", "predict_regions"]
 
 
-def estimate_peak_bytes(trace, regions: RegionModel | None = None) -> int:
-    """The estimated peak of live tensor bytes (inputs excluded) over a joint trace."""
-    return estimate_schedule_peak(CopySchedule(trace), regions=regions)
+def estimate_peak_bytes(trace, regions: RegionModel | None = None, prologue=frozenset()) -> int:
+    """The estimated peak of live tensor bytes (inputs excluded) over a joint trace; ``prologue``:
+    the names its backward makes when it starts (``SavePassResult.prologue``) when it is a rewrite."""
+    return estimate_schedule_peak(CopySchedule(trace), regions=regions, prologue=prologue)
 
 
 @dataclass(frozen=True)
@@ -73,7 +74,7 @@ def predict_regions(trace, fusible, split: bool = True, kernels: KernelModel | N
 
 
 def estimate_schedule_peak(schedule: CopySchedule, storages: StorageMap | None = None,
-                           regions: RegionModel | None = None, detail: bool = False):
+                           regions: RegionModel | None = None, detail: bool = False, prologue=frozenset()):
     """The estimated step peak of the trace a schedule would build, without building it.
 
     ``storages``: those of the schedule's (unrewritten) trace, forward and backward, when already
@@ -88,6 +89,9 @@ def estimate_schedule_peak(schedule: CopySchedule, storages: StorageMap | None =
     it returns. Inside a region its ops run in order (``remat_keep_plan_order``) and values are
     freed at their last use, as unfused, unless ``regions.kernels`` models the executor's kernels
     (``compiled_kernels``; measured against torch.compile's CPU regions: docs/whole-graph.md).
+
+    The backward's prologue (the copies ``schedule.prologue`` counts, or the trace's ops making the
+    names ``prologue``) ends a region, as ``pairs.split`` cuts it.
 
     ``detail``: return (peak, the step where it happens, {storage: (step allocated, step of last
     read, bytes)} of the storages alive there) instead of the peak alone.
@@ -162,15 +166,20 @@ def estimate_schedule_peak(schedule: CopySchedule, storages: StorageMap | None =
 
     fusible = regions.fusible if regions is not None else (False,) * len(bsyms)
     backward = regions.backward if regions is not None else (False,) * len(bsyms)
+    prologue_end = None  # the step of the prologue's last copy
     for position in range(len(bsyms)):
         for k in schedule.before.get(position, ()):
             i, inputs = schedule.copies[k]
             run(i, inputs, k, fusible[i])
+            if k == schedule.prologue - 1:
+                prologue_end = step
             step += 1
         run(position, schedule.reads.get(position, {}), None, fusible[position] and backward[position])
+        if prologue and prologue.intersection(tensor_outs[position]):
+            prologue_end = step
         step += 1
     region_of = _step_regions(step_fused, step_reads, step_makes, step_outs, step_writes, last_read, size,
-                              regions is not None and regions.split)
+                              regions is not None and regions.split, prologue_end)
     if regions is not None and regions.kernels is not None:
         kinds = [regions.kinds[p] if region >= 0 else None for p, region in zip(step_position, region_of)]
         heavy = [regions.heavy[p] for p in step_position]
@@ -195,9 +204,11 @@ def estimate_schedule_peak(schedule: CopySchedule, storages: StorageMap | None =
 
 
 def _step_regions(fused: list[bool], reads: list[list], makes: list[list], outs: list[list], writes: list,
-                  last_read: dict, size: dict, split: bool) -> list[int]:
+                  last_read: dict, size: dict, split: bool, prologue_end: int | None = None) -> list[int]:
     """The region each step runs in (-1: none): runs of consecutive fused steps, each cut where
-    ``solvers.region_cuts`` cuts it (``split``), reading storages as a built region reads names."""
+    ``solvers.region_cuts`` cuts it (``split``), reading storages as a built region reads names,
+    and after ``prologue_end`` (the step of the backward prologue's last copy), as ``pairs.split``
+    cuts after the prologue."""
     region_of = [-1] * len(fused)
     region, k = -1, 0
     while k < len(fused):
@@ -218,8 +229,9 @@ def _step_regions(fused: list[bool], reads: list[list], makes: list[list], outs:
             # never between the first op in the run that makes a storage or a view of it and a
             # write into it (``fusion_regions.written_after_made``)
             fixed = made_then_written(outs[start:k], writes[start:k])
+            boundaries = (prologue_end - start,) if prologue_end is not None and start <= prologue_end < k else ()
             cuts = set(region_cuts([reads[at] for at in range(start, k)], run_makes, size, inputs, outputs,
-                                   fixed=fixed))
+                                   fixed=fixed, boundaries=boundaries))
         region += 1
         for local, at in enumerate(range(start, k)):
             region_of[at] = region

@@ -20,7 +20,7 @@ from thunder.core.trace import from_trace, tracectx
 
 from thunder_remat.trace_facts import TraceNames, trace_names
 
-__all__ = ["CopySchedule", "schedule_copies", "build", "MAX_CHEAP_COPIES"]
+__all__ = ["CopySchedule", "schedule_copies", "build", "prologue_names", "MAX_CHEAP_COPIES"]
 
 
 #: a cheap op is copied at most this many times: then its latest copy is reused, however stale.
@@ -48,6 +48,9 @@ class CopySchedule:
     reads: dict = field(default_factory=dict)
     #: the names the trace's bound symbols read and write (shared by the schedules of one trace)
     names: TraceNames | None = field(default=None, repr=False)
+    #: the copies numbered below it make the outermost checkpoints when the backward starts
+    #: (``schedule_copies(early=True)``): the backward's prologue
+    prologue: int = 0
 
     def trace_names(self) -> TraceNames:
         if self.names is None:
@@ -155,6 +158,7 @@ class _CopyScheduler:
             at = self.length
             for i in sorted(self.checkpoints[0]):
                 self.emit(i, at, self.beyond)
+            schedule.prologue = len(schedule.copies)
         for position in names.backward_readers:
             self.length += position - placed
             placed = position
@@ -225,6 +229,13 @@ def _write_groups(recompute: dict, reads_of: dict, names: TraceNames) -> tuple[s
                 if i < write and overwritten.intersection(reads_of[i]):
                     first_readers.setdefault(write, []).append(i)
     return pinned, first_readers
+
+
+def prologue_names(schedule: CopySchedule, built) -> frozenset[str]:
+    """The names the copies of ``schedule``'s prologue write in ``built`` (``build(schedule)``)."""
+    bsyms = built.bound_symbols
+    return frozenset(p.name for position in schedule.copy_positions()[:schedule.prologue]
+                     for p in bsyms[position].flat_proxy_outs)
 
 
 def build(schedule: CopySchedule):

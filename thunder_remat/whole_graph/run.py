@@ -26,7 +26,7 @@ from thunder_remat.whole_graph.peak_budget import choose_for_peak
 from thunder_remat.whole_graph.planner import (BudgetChoice, Frontier, PlanSearch, build_frontier, choose_fastest,
                                                is_fastest_budget, target_bytes)
 from thunder_remat.whole_graph.problem import SaveProblem, with_measured_costs
-from thunder_remat.whole_graph.rewrite import build
+from thunder_remat.whole_graph.rewrite import build, prologue_names
 from thunder_remat.whole_graph.zero3 import prefetch_regathers
 
 __all__ = ["SavePassResult", "plan_saved_values", "BudgetInfeasibleWarning"]
@@ -70,6 +70,9 @@ class SavePassResult(PassResult):
     ceiling: int | None = None
     #: why the plan saves each value and recomputes each op, recorded when it was chosen
     reasons: PlanReasons | None = None
+    #: names of what the rewritten backward makes when it starts (the outermost checkpoints, made
+    #: early: ``CopySchedule.prologue``); a backward fusion region is cut after them
+    prologue: frozenset[str] = frozenset()
 
     @property
     def checkpoint_ops(self) -> tuple[int, ...]:
@@ -223,6 +226,7 @@ def plan_saved_values(trace, config, *, zero3: bool = False, fusible=None, kerne
         result.copied_ops = tuple(checkpoints.schedule.emitted)
         with timings.stage("rewrite"):
             new = build(checkpoints.schedule)
+            prologue = prologue_names(checkpoints.schedule, new)
             if regather:
                 new = prefetch_regathers(new, config.fsdp_prefetch, checkpoints.schedule.copy_positions())
             replayed = {op.op for op in problem.ops if op.force_recompute} if regather else set()
@@ -231,6 +235,7 @@ def plan_saved_values(trace, config, *, zero3: bool = False, fusible=None, kerne
                                                       replayed=replayed):
                 return result
         result.trace = new
+        result.prologue = prologue
         result.status = PassStatus.REWRITTEN if result.copied_ops else PassStatus.UNCHANGED
     except Exception as exc:  # containment: leave the trace as Thunder made it
         result.fail(trace, f"{type(exc).__name__}: {exc}")
