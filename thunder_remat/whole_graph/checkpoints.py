@@ -16,11 +16,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from thunder_remat.budget import Budget
 from thunder_remat.records import Timings
 from thunder_remat.trace_facts import forward_storages
 from thunder_remat.whole_graph.peak import estimate_schedule_peak
-from thunder_remat.whole_graph.planner import BudgetChoice, target_bytes
+from thunder_remat.whole_graph.planner import BudgetChoice
 from thunder_remat.whole_graph.problem import SaveProblem
 from thunder_remat.whole_graph.rewrite import CopySchedule, schedule_copies
 
@@ -76,16 +75,13 @@ def backward_checkpoints(problem: SaveProblem, choice: BudgetChoice, fractions,
 
 
 def _anchored_levels(problem: SaveProblem, choice: BudgetChoice, fractions, anchors: dict) -> tuple:
-    """``backward_checkpoints``' levels with each one's anchor plan: (fraction, ops, plan)."""
+    """``backward_checkpoints``' levels with each one's anchor plan: (fraction, ops, plan). The
+    solve stage chose plans only for the fractions whose target is above its plan's saved bytes;
+    the others save no more than the chosen plan (a budget's plan never saves more than its
+    target), so they would give no level anyway."""
     if choice.frontier is None:
         return ()
-    held = []
-    for fraction in sorted(fractions):
-        if target_bytes(choice.frontier, Budget.fraction(fraction)) <= choice.plan.saved_bytes:
-            # every plan that budget may choose saves no more than the chosen one (a fraction's
-            # target is never below the smallest plan, so it always has a plan that fits)
-            continue
-        held.append((float(fraction), anchors[float(fraction)]))
+    held = [(float(f), anchors[float(f)]) for f in sorted(fractions) if float(f) in anchors]
     return levels_for_anchors(problem, choice.plan, held)
 
 
