@@ -322,7 +322,7 @@ def run_config(work: Workload, config: str, budget: float | None, reference, arg
                 from thunder.executors.torch_compile import torch_compile_ex
 
                 regions = expected_regions(plan.trace, [torch_compile_ex])
-            row.estimate = _mb(estimate_peak_bytes(plan.trace, regions)) + "*"
+            row.estimate = _mb(estimate_peak_bytes(plan.trace, regions, plan.prologue)) + "*"
         if plan is not None and plan.failure:
             row.note = f"plan failed: {plan.failure}"
         if plan is not None and plan.choice is not None:
