@@ -368,6 +368,51 @@ def test_with_a_save_plan_pairs_into_backward_regions_are_left_as_the_plan_place
     assert describe(placed_trace) == describe(regions)
 
 
+def test_a_recomputed_op_lands_before_its_first_reader_and_never_after_a_write_into_what_it_reads():
+    """``rewrite_pair`` places each producer op the consumer recomputes just before its first reader
+    in the consumer (made at the region's start, a value would be held to its last reader across
+    every cut ``pairs.split`` could make), a chain's ops in order; never after an in-place write into a storage it reads (a view's base included); and all at the
+    start, in order, when one of them writes in place."""
+    import thunder.torch as ltorch
+    from thunder.core import prims
+    from thunder.core.trace import TraceCtx, tracectx
+
+    from builders import tensor
+    from thunder_remat.pairs.rewrite import placed_before_first_use
+
+    trace = TraceCtx()
+    with tracectx(trace):
+        x, y, z = tensor("x", 4, 4), tensor("y", 4, 4), tensor("z", 4, 4)
+        e = ltorch.exp(x)  # recomputed: reads x
+        s = ltorch.sin(e)  # recomputed: reads e
+        a = ltorch.mul(y, 2.0)
+        fresh = ltorch.add(y, 1.0)
+        prims.copy_(a, fresh, grad_enabled=True)  # a write into a value the body made: moves nothing
+        view = ltorch.reshape(x, (16,))
+        prims.copy_(ltorch.reshape(a, (16,)), view, grad_enabled=True)  # a write into x's storage, through a view
+        b = ltorch.add(s, a)
+        w = prims.copy_(e, z, grad_enabled=True)  # a recomputed op that writes in place
+    ops = {bsym.flat_proxy_outs[0].name: bsym for bsym in trace.bound_symbols if bsym.flat_proxy_outs}
+    body = [bsym for bsym in trace.bound_symbols if bsym.sym.name not in ("exp", "sin")][:-1]
+    names = lambda placed: [bsym.sym.name for bsym in placed]  # noqa: E731
+    copies = [i for i, bsym in enumerate(body) if bsym.sym.name == "copy_"]
+    write_into_x = copies[1]
+
+    # exp (reading x) before the write into x's storage, sin (reading exp's output) before its reader
+    placed = placed_before_first_use([ops[e.name], ops[s.name]], body, [x, y, z])
+    reader = body.index(ops[b.name])
+    assert placed == [*body[:write_into_x], ops[e.name], *body[write_into_x:reader], ops[s.name], *body[reader:]]
+    # without that write, before the first reader of sin's output, past the other write
+    late = [bsym for i, bsym in enumerate(body) if i != write_into_x]
+    placed = placed_before_first_use([ops[e.name], ops[s.name]], late, [x, y, z])
+    first_reader = next(i for i, bsym in enumerate(late) if s.name in {p.name for p in bsym.flat_proxy_args})
+    assert placed == [*late[:first_reader], ops[e.name], ops[s.name], *late[first_reader:]]
+    assert "copy_" in names(placed[:first_reader]) and ops[b.name] is placed[first_reader + 2]
+    # a recomputed write keeps every recomputed op at the start
+    placed = placed_before_first_use([ops[e.name], ops[w.name]], late, [x, y, z])
+    assert placed == [ops[e.name], ops[w.name], *late]
+
+
 def test_pair_pass_golden_records_and_verified():
     trace, v = reduction_joint_trace()
     regions = fused(trace)

@@ -1,7 +1,7 @@
 """Rewrite stage of the pair pass: the only module that builds new bound symbols.
 
 Given a ``PairPlan``, the producer emits what the consumer is handed plus what others need, and
-the consumer gets the producer ops it must recompute, prepended to its body in producer order.
+the consumer gets the producer ops it must recompute, each just before its first reader.
 """
 
 from __future__ import annotations
@@ -11,7 +11,8 @@ from dataclasses import dataclass
 
 from thunder_remat.cost import value_bytes
 from thunder_remat.pairs.solve import PairPlan
-from thunder_remat.trace_facts import TagReader
+from thunder_remat.trace_facts import TagReader, in_place_destination
+from thunder_remat.storage import storage_map
 from thunder_remat.verify import region_problems
 
 __all__ = ["RewriteError", "RewrittenPair", "rewrite_pair", "check_region_closed"]
@@ -92,7 +93,9 @@ def rewrite_pair(producer, consumer, plan: PairPlan, *, external_outputs: Collec
     new_inputs = sorted(handed - consumer_names, key=order.__getitem__)
     new_args = [p for p in consumer.flat_proxy_args if p.name in handed or p.name not in needed_set]
     new_args += [proxies[n] for n in new_inputs]
-    new_consumer = consumer.from_bsym(args=tuple(new_args), subsymbols=(*recomputed_ops, *consumer.subsymbols))
+    new_consumer = consumer.from_bsym(args=tuple(new_args),
+                                      subsymbols=tuple(placed_before_first_use(recomputed_ops, consumer.subsymbols,
+                                                                               new_args)))
 
     keep = [n for n in producer_outputs if n in external_outputs]
     keep += sorted((handed - producer_inputs) - set(keep), key=order.__getitem__)
@@ -113,6 +116,47 @@ def rewrite_pair(producer, consumer, plan: PairPlan, *, external_outputs: Collec
         tuple(sorted(handed, key=order.__getitem__)),
         tuple(n for i in sorted(recompute_ops) for n in (p.name for p in producer.subsymbols[i].flat_proxy_outs)),
     )
+
+
+def placed_before_first_use(recomputed: list, body, inputs: list) -> list:
+    """``body`` (a consumer region's ops, reading ``inputs``) with each of ``recomputed`` (producer
+    ops, in producer order) just before the first op that reads what it makes, directly or through
+    a later recomputed op. At the region's start a recomputed value would be made early and held
+    to its last reader, across every cut ``pairs.split`` could make before it.
+
+    None is moved past an in-place write into a storage it reads; if one of them writes in place,
+    they all stay at the start, in order."""
+    body = list(body)
+    if any(in_place_destination(op) is not None for op in recomputed):
+        return [*recomputed, *body]
+    made_by = {p.name: k for k, op in enumerate(recomputed) for p in op.flat_proxy_outs}
+    storages = storage_map([*recomputed, *body], inputs)
+    written_at: dict[str, int] = {}  # storage -> first op of the body writing into it
+    for j, op in enumerate(body):
+        destination = in_place_destination(op)
+        if destination is not None:
+            written_at.setdefault(storages.owner_of(destination.name), j)
+    place = [min((written_at.get(storages.owner_of(p.name), len(body)) for p in op.flat_proxy_args),
+                 default=len(body)) for op in recomputed]
+    for j, op in enumerate(body):
+        for p in op.flat_proxy_args:
+            k = made_by.get(p.name)
+            if k is not None and place[k] > j:
+                place[k] = j
+    for k in reversed(range(len(recomputed))):  # before the recomputed ops that read what it makes
+        for p in recomputed[k].flat_proxy_args:
+            d = made_by.get(p.name)
+            if d is not None and place[d] > place[k]:
+                place[d] = place[k]
+    at: dict[int, list] = {}
+    for k, j in enumerate(place):
+        at.setdefault(j, []).append(recomputed[k])
+    out = []
+    for j, op in enumerate(body):
+        out.extend(at.get(j, ()))
+        out.append(op)
+    out.extend(at.get(len(body), ()))
+    return out
 
 
 def _live_subsymbols(subsymbols, outputs: Collection[str]) -> tuple:
