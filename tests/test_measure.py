@@ -6,7 +6,8 @@ import pytest
 import thunder
 import torch
 
-from thunder_remat.inspect.measure import CPU_PROFILER_METHOD, CUDA_METHOD, allocator_step_peak, step_peak_memory
+from thunder_remat.inspect.measure import (CPU_PROFILER_METHOD, CUDA_METHOD, allocations_live_at_peak, allocator_step_peak,
+                                          step_peak_memory)
 from thunder_remat.models import build_model, example_batch
 
 
@@ -29,6 +30,30 @@ def test_allocator_peak_of_a_known_eager_step():
     assert (memory.start_bytes, memory.device, memory.method) == (None, "cpu", CPU_PROFILER_METHOD)
     # what existed before the step is the baseline: the same step again measures the same
     assert allocator_step_peak(step).peak_bytes == 12000
+
+
+@pytest.mark.unit
+def test_the_blocks_alive_at_the_peak_and_the_ops_that_allocated_them():
+    """A known step with ops (no Python scalars, which wrap into tensors of their own): at the peak
+    ``a`` (4,000 B) and ``b`` (8,000 B) are alive, ``f`` was freed and ``c`` comes later; the blocks
+    add up to the peak, in allocation order, each inside the op that made it."""
+    a0 = torch.ones(1000)
+    b0 = torch.ones(2000)
+
+    def step():
+        a = a0 * a0
+        f = a0 + a0  # freed before the peak
+        del f
+        b = b0 + b0  # the peak: a and b
+        del a
+        c = torch.zeros(500)
+        del b, c
+
+    peak, live = allocations_live_at_peak(step)
+    assert peak == allocator_step_peak(step) and peak.peak_bytes == 12000
+    assert [block.nbytes for block in live] == [4000, 8000]
+    assert [block.ranges[-1] for block in live] == ["aten::mul", "aten::add"]
+    assert live[0].order < live[1].order
 
 
 @pytest.mark.unit

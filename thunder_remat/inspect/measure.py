@@ -5,7 +5,9 @@
 * the peak of memory a training step allocates, at the allocator (``allocator_step_peak``): every
   allocation and free, compiled code (torch.compile/Inductor regions) and ops' own workspaces
   included; on CPU from the profiler's memory events, on CUDA from the caching allocator's
-  statistics. This is the number that decides whether a step fits;
+  statistics. This is the number that decides whether a step fits. On CPU
+  ``allocations_live_at_peak`` also says which blocks make it, and inside which ops they were
+  allocated;
 * the peak of tensor memory returned by the ops of a step (``step_peak_memory``, a
   ``TorchDispatchMode`` that follows every tensor an op returns until it is freed), on any device,
   CPU included. It does not see inside compiled regions.
@@ -23,7 +25,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
 __all__ = ["SavedTensors", "saved_for_backward", "StepMemory", "step_peak_memory", "AllocatorPeak",
-           "allocator_step_peak"]
+           "allocator_step_peak", "LiveAllocation", "allocations_live_at_peak"]
 
 
 @dataclass(frozen=True)
@@ -216,6 +218,37 @@ def allocator_step_peak(step, device="cpu") -> AllocatorPeak:
         return _cuda_step_peak(step, device)
     if device.type != "cpu":
         raise ValueError(f"allocator_step_peak measures cpu and cuda devices, got {device}")
+    return _cpu_step(step)[0]
+
+
+@dataclass(frozen=True)
+class LiveAllocation:
+    """One block of memory alive at a step's peak: its size, when it was allocated (its index
+    among the step's allocator events), the profiler ranges around the allocation, outermost
+    first (a Thunder backward, a compiled region's call, the aten op), and its address (a
+    tensor's ``untyped_storage().data_ptr()`` when the tensor owns the block)."""
+
+    nbytes: int
+    order: int
+    ranges: tuple[str, ...]
+    address: int
+
+
+def allocations_live_at_peak(step) -> tuple[AllocatorPeak, list[LiveAllocation]]:
+    """Run ``step()`` once on CPU and return its ``AllocatorPeak`` and the blocks alive at that peak,
+    in the order they were allocated. Their sizes add up to ``peak_bytes`` plus whatever the step
+    had freed by then of memory allocated before it.
+
+    What makes a peak: match these to the values of a trace or the buffers of Inductor's generated
+    code (``TORCH_LOGS=output_code``); tell parameter gradients apart by their storages. CPU only
+    (on CUDA, ``torch.cuda.memory._record_memory_history`` records the same)."""
+    return _cpu_step(step, ranges=True)
+
+
+def _cpu_step(step, ranges: bool = False) -> tuple[AllocatorPeak, list[LiveAllocation]]:
+    """One profiled run of ``step`` (see ``allocator_step_peak``); with ``ranges``, the blocks
+    alive at its peak too."""
+    import torch
     from torch.profiler import ProfilerActivity, profile
 
     with warnings.catch_warnings():
@@ -230,30 +263,43 @@ def allocator_step_peak(step, device="cpu") -> AllocatorPeak:
     start = _marker_index(events, markers[0], 0)
     end = _marker_index(events, markers[1], start + 1)
     base = events[start][2] - _MARKER_BYTES  # the allocator's level just before the step
-    peak = max(total for _, _, total, _ in events[start:end]) - _MARKER_BYTES - base
+    at = max(range(start, end), key=lambda i: events[i][2])
+    peak = events[at][2] - _MARKER_BYTES - base
     end_bytes = events[end][2] - 2 * _MARKER_BYTES - base
-    return AllocatorPeak(peak, end_bytes, None, str(device), CPU_PROFILER_METHOD)
+    result = AllocatorPeak(peak, end_bytes, None, "cpu", CPU_PROFILER_METHOD)
+    if not ranges:
+        return result, []
+    live: dict[int, LiveAllocation] = {}
+    for i in range(start + 1, at + 1):
+        _, nbytes, _, address, around = events[i]
+        if nbytes > 0:
+            live[address] = LiveAllocation(nbytes, i - start - 1, around, address)
+        else:
+            live.pop(address, None)
+    return result, sorted(live.values(), key=lambda a: a.order)
 
 
-def _cpu_allocation_events(prof) -> list[tuple[int, int, int, int]]:
-    """(time ns, bytes, allocator total after, address) of every CPU allocation and free recorded."""
+def _cpu_allocation_events(prof) -> list[tuple[int, int, int, int, tuple[str, ...]]]:
+    """(time ns, bytes, allocator total after, address, enclosing ranges outermost first) of every
+    CPU allocation and free recorded."""
     from torch._C._profiler import _EventType
 
     out = []
-    stack = list(prof.profiler.kineto_results.experimental_event_tree())
+    stack = [(node, ()) for node in prof.profiler.kineto_results.experimental_event_tree()]
     while stack:
-        node = stack.pop()
-        stack.extend(node.children)
+        node, around = stack.pop()
         if node.tag == _EventType.Allocation:
             fields = node.extra_fields
             if fields.device.type == "cpu":
-                out.append((node.start_time_ns, fields.alloc_size, fields.total_allocated, fields.ptr))
+                out.append((node.start_time_ns, fields.alloc_size, fields.total_allocated, fields.ptr, around))
+        else:
+            stack.extend((child, (*around, node.name)) for child in node.children)
     return out
 
 
 def _marker_index(events, ptr: int, after: int) -> int:
     for i in range(after, len(events)):
-        _, nbytes, _, address = events[i]
+        _, nbytes, _, address, _ = events[i]
         if address == ptr and nbytes == _MARKER_BYTES:
             return i
     raise RuntimeError("the profiler recorded no allocation of the step's marker tensor; is another "
