@@ -7,7 +7,7 @@ block alive at the peak with the profiler ranges around its allocation (a Thunde
 torch.compile region's call, the aten op). Match the blocks to the trace
 (``thunder.last_backward_traces``) or to Inductor's generated code (``TORCH_LOGS=output_code``).
 
-    python benchmarks/live_at_peak.py --model "transformers BERT" --config thunder-tc --budget 1
+    python benchmarks/live_at_peak.py --model "transformers BERT" --config thunder-tc --budget 1 [--tokens 64]
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ def main(argv=None) -> int:
     p.add_argument("--budget", type=float, default=None,
                    help="fraction for torch.compile and thunder_remat (none: Thunder alone, or 1.0 for torch.compile)")
     p.add_argument("--min-bytes", type=int, default=1024, help="blocks smaller than this are summed, not listed")
-    args = p.parse_args(argv)
+    args, shape = p.parse_known_args(argv)  # the rest (--size, --layers, --width, --tokens, --batch) as peak_frontier.py
     if args.budget is not None and not 0.0 <= args.budget <= 1.0:
         p.error(f"--budget must be a fraction in [0, 1], got {args.budget}")
 
@@ -34,7 +34,7 @@ def main(argv=None) -> int:
     from thunder_remat.inspect.measure import allocations_live_at_peak
 
     torch.set_num_threads(2)
-    work = peak_frontier.workload(peak_frontier.parse_args(["-", "--model", args.model]))
+    work = peak_frontier.workload(peak_frontier.parse_args(["-", "--model", args.model, *shape]))
     budget = args.budget
     if budget is None and args.config in ("inductor", "aot_eager"):
         budget = 1.0
