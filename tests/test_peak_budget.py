@@ -116,8 +116,12 @@ def test_the_estimate_holds_what_a_torch_compile_region_reads_until_it_returns()
          apart=[(1, 3, 100)], cuts=[]),
     # a cut that already falls between keeps the pair apart
     dict(reads=[("s",), ("a",), ("x",), ("x",)], makes=[("a",), ("b",), ("c",), ("d",)],
-         sizes={"s": 1000, "a": 10, "b": 10, "c": 10, "d": 10}, freeable={"s"}, outputs={"b", "c", "d"},
+         sizes={"s": 1000, "a": 10, "b": 10, "c": 10, "d": 10}, freeable={"s"}, outputs={"a", "b", "c", "d"},
          apart=[(0, 3, 10)], cuts=[0]),
+    # what crosses a cut is an input of the next piece, held until it returns: h crosses the cut
+    # after op 0 and is freed by a second cut after its last read
+    dict(reads=[("s",), ("h",), ("a",)], makes=[("h",), ("a",), ("y",)],
+         sizes={"s": 1000, "h": 300, "a": 10, "y": 400}, freeable={"s"}, outputs={"y"}, cuts=[0, 1]),
     # no cut where ``fixed`` forbids it: the freeing cut moves on, the pair's cut falls earlier or not at all
     dict(reads=[("s",), ("a",), ("x",), ("x",)], makes=[("a",), ("b",), ("c",), ("d",)],
          sizes={"s": 1000, "a": 10, "b": 10, "c": 10, "d": 10}, freeable={"s"}, outputs={"b", "c", "d"},
@@ -211,9 +215,10 @@ def test_a_region_input_that_views_an_earlier_value_frees_nothing_until_that_val
     assert region_cut_positions(region, [v, s, x], {d.name}, held={x.name}, keep_apart=False,
                                 storages=whole) == []
     # were the view its own storage, its last read would free 2048 B under the 2 x 2048 B to come
+    # (and a, crossing that cut, would be freed by a second after its last read)
     alone = storage_map(region, [v, s, x])
     assert region_cut_positions(region, [v, s, x], {d.name}, held={x.name}, keep_apart=False,
-                                storages=alone) == [0]
+                                storages=alone) == [0, 1]
 
 
 @pytest.mark.unit

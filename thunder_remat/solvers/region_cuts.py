@@ -10,7 +10,9 @@ anyway.
 Plain data in, cut positions out. The rule is greedy and local: walking the region's ops in order,
 cut after an op when the bytes of inputs whose last read has passed since the previous cut, but no
 more than the rest of the region makes (freed memory lowers the peak only under what comes after),
-exceed the bytes that would cross the cut.
+exceed the bytes that would cross the cut. A value that crosses a cut is an input of the piece
+after it, held until that piece returns, and counts as one: a later cut after its last read frees
+it.
 
 Some ops are better run in different pieces: two ops that compute the same value from the same
 inputs (a value recomputed again for a far reader) are one computation to a compiler that sees
@@ -95,12 +97,14 @@ def _greedy_cuts(reads: Sequence[Sequence[str]], makes: Sequence[Sequence[str]],
             counted.add(name)
             freed[k] += sizes.get(name, 0)
     crossing = [0] * (n + 1)  # difference array: a value made at d and last read at l crosses d..l-1
+    spans: list[tuple[int, int, int]] = []  # (d, l, bytes) of each value that would cross a cut
     for d, names in enumerate(makes):
         for name in names:
             end = last.get(name, d)
             if name not in outputs and end > d:  # an output exists between the pieces anyway
                 crossing[d] += sizes.get(name, 0)
                 crossing[end] -= sizes.get(name, 0)
+                spans.append((d, end, sizes.get(name, 0)))
     rest = [0] * (n + 1)  # bytes the ops after k make: what freed memory would otherwise sit under
     for k in range(n - 1, -1, -1):
         rest[k] = rest[k + 1] + sum(sizes.get(name, 0) for name in makes[k])
@@ -110,6 +114,7 @@ def _greedy_cuts(reads: Sequence[Sequence[str]], makes: Sequence[Sequence[str]],
         if at is not None:
             due.setdefault(at, []).append((i, nbytes))
     cuts, live, since = [], 0, 0
+    crossed = [False] * len(spans)  # whether the value already crosses a cut made
     for k in range(n - 1):
         live += crossing[k]
         since += freed[k]
@@ -119,6 +124,12 @@ def _greedy_cuts(reads: Sequence[Sequence[str]], makes: Sequence[Sequence[str]],
         if min(since + apart_gain, rest[k + 1]) > live:
             cuts.append(k)
             since = 0
+            # what crosses this cut is an input of the next piece, held by it until it returns:
+            # a later cut after its last read frees it, as it frees the region's own inputs
+            for s, (d, end, nbytes) in enumerate(spans):
+                if d <= k < end and not crossed[s]:
+                    crossed[s] = True
+                    freed[end] += nbytes
     return cuts
 
 
