@@ -38,24 +38,18 @@ def main(argv=None) -> int:
     budget = args.budget
     if budget is None and args.config in ("inductor", "aot_eager"):
         budget = 1.0
-    system, executor, label, wrap = peak_frontier.compile_config(args.config, budget)
-    model, inputs, kwargs = work.build()
-    run = wrap(model)
-
-    def step():
-        work.loss(run(*inputs, **kwargs)).backward()
-
-    patch = {"activation_memory_budget": budget} if args.config in ("inductor", "aot_eager") else {}
-    with torch._functorch.config.patch(**patch):
+    prepared = peak_frontier.prepare_step(work, args.config, budget)
+    model = prepared.model
+    with torch._functorch.config.patch(**prepared.partitioner_settings):
         model.zero_grad(set_to_none=True)
-        step()  # compiles
+        prepared.step()  # compiles
         model.zero_grad(set_to_none=True)
-        peak, live = allocations_live_at_peak(step)
+        peak, live = allocations_live_at_peak(prepared.step)
     gradients = {q.grad.untyped_storage().data_ptr() for q in model.parameters() if q.grad is not None}
     grad_bytes = sum(q.grad.untyped_storage().nbytes() for q in model.parameters() if q.grad is not None)
     is_grad = [block for block in live if block.address in gradients]
     others = [block for block in live if block.address not in gradients]
-    print(f"{work.label}: {system}, {executor}, budget {label}")
+    print(f"{work.label}: {prepared.system}, {prepared.executor}, budget {prepared.label}")
     print(f"peak {peak.peak_bytes} B; alive there: {sum(b.nbytes for b in live)} B in {len(live)} blocks, "
           f"{sum(b.nbytes for b in is_grad)} B of them parameter gradients (all gradients: {grad_bytes} B)")
     small = [b for b in others if b.nbytes < args.min_bytes]

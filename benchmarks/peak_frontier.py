@@ -259,24 +259,44 @@ def _label(budget) -> str:
     return budget if isinstance(budget, str) else f"{budget:g}"
 
 
+@dataclass
+class PreparedStep:
+    """One configuration, built and wrapped, not yet run: ``step()`` runs a training step;
+    torch.compile's partitioner reads its budget from ``partitioner_settings`` while it compiles."""
+    work: Workload
+    system: str
+    executor: str
+    label: str
+    model: object
+    inputs: tuple
+    kwargs: dict
+    run: object
+    partitioner_settings: dict
+
+    def step(self) -> None:
+        self.work.loss(self.run(*self.inputs, **self.kwargs)).backward()
+
+
+def prepare_step(work: Workload, config: str, budget: float | None) -> PreparedStep:
+    """Build ``work``'s model and wrap it as ``config`` runs it at ``budget`` (shared with
+    live_at_peak.py, so both measure the same step)."""
+    system, executor, label, wrap = compile_config(config, budget)
+    model, inputs, kwargs = work.build()
+    settings = {"activation_memory_budget": budget} if config in ("inductor", "aot_eager") else {}
+    return PreparedStep(work, system, executor, label, model, inputs, kwargs, wrap(model), settings)
+
+
 def run_config(work: Workload, config: str, budget: float | None, reference, args, device) -> Row:
     import torch
 
     import thunder_remat
     from thunder_remat.inspect.measure import allocator_step_peak, saved_for_backward
 
-    system, executor, label, wrap = compile_config(config, budget)
-    row = Row(system, executor, label)
-    model, inputs, kwargs = work.build()
-    run = wrap(model)
-
-    def step():
-        work.loss(run(*inputs, **kwargs)).backward()
-
-    patch = {}
-    if config in ("inductor", "aot_eager"):
-        patch = {"activation_memory_budget": budget}
-    with torch._functorch.config.patch(**patch):
+    prepared = prepare_step(work, config, budget)
+    system, model, inputs, kwargs, run, step = (prepared.system, prepared.model, prepared.inputs, prepared.kwargs,
+                                                prepared.run, prepared.step)
+    row = Row(system, prepared.executor, prepared.label)
+    with torch._functorch.config.patch(**prepared.partitioner_settings):
         start = time.perf_counter()
         if config in ("inductor", "aot_eager"):
             from torch_partition import capture_partitions
