@@ -365,13 +365,31 @@ def test_a_region_with_a_convolution_keeps_inductors_order():
     def region_of(*ops):
         region = DeferredRegion(lambda: None, (), {})
         bsym = SimpleNamespace(sym=SimpleNamespace(name="TorchCompile0"), _call_ctx={"TorchCompile0": region},
-                               subsymbols=[SimpleNamespace(sym=SimpleNamespace(name=op)) for op in ops])
+                               subsymbols=[SimpleNamespace(sym=SimpleNamespace(name=op), subsymbols=[]) for op in ops])
         adapter_for(torch_compile_ex).keep_plan_order(bsym)
         return region.inductor_options
 
     assert region_of("add", "linear", "sum") == KEEP_ORDER_OPTIONS
     assert region_of("add", "convolution") is None
     assert region_of("conv_transpose2d", "mul") is None
+
+
+@pytest.mark.unit
+def test_a_predicted_region_running_a_convolution_is_not_cut():
+    """Where the kernel model says so (Inductor: ``uncut_convolution_regions``), the estimate's
+    predicted regions are not cut when a step runs a convolution, as ``pairs.split`` leaves the
+    built region whole; the same steps without one are cut where ``region_cuts`` says."""
+    from thunder_remat.whole_graph.peak import _step_regions
+
+    # a saved value s (400 B) read only by the first step; a (10 B) crosses after it
+    fused = [True, True, True]
+    reads, makes = [["s"], ["a"], ["b"]], [["a"], ["b"], ["c"]]
+    outs, writes = [["a"], ["b"], ["c"]], [None, None, None]
+    last_read = {"s": 0, "a": 1, "b": 2, "c": 3}
+    size = {"s": 400, "a": 10, "b": 10, "c": 500}
+    assert _step_regions(fused, reads, makes, outs, writes, last_read, size, True) == [0, 1, 1]
+    assert _step_regions(fused, reads, makes, outs, writes, last_read, size, True,
+                         uncut=[False, True, False]) == [0, 0, 0]
 
 
 def _kernel_walk(kinds, heavy, regions, reads, makes, **thresholds):

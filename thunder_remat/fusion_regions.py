@@ -19,7 +19,7 @@ from thunder_remat.policies import contraction_kind
 from thunder_remat.trace_facts import TagReader, in_place_destination
 
 __all__ = ["RegionNames", "region_names", "same_computations", "to_keep_apart", "region_cut_positions",
-           "KernelModel", "KernelKind", "kernel_kind"]
+           "KernelModel", "KernelKind", "kernel_kind", "runs_convolution"]
 
 
 @dataclass(frozen=True)
@@ -160,11 +160,15 @@ class KernelModel:
     - The ops of a region between two extern kernels run as fused kernels, which allocate what
       they hand on before they run and free what they read after: such a run holds its inputs to
       its end and allocates its outputs at its start.
+    - ``uncut_convolution_regions``: a region that runs a convolution is not cut. What the
+      compiler's convolution kernels hold (layout conversions, scratch memory) is not modelled, so
+      the cut rule cannot see what a cut there costs.
     """
 
     reads_threshold: int
     accumulated_reads_threshold: int
     heavy_on_cpu: tuple[str, ...] = ()
+    uncut_convolution_regions: bool = False
 
 
 class KernelKind:
@@ -190,6 +194,14 @@ def kernel_kind(bsym, tags: TagReader) -> str:
     if tags(bsym) & _WRITTEN_TAGS or uses_op(bsym, _WRITTEN_OPS):
         return KernelKind.OTHER
     return KernelKind.POINTWISE
+
+
+def runs_convolution(bsym) -> bool:
+    """Whether ``bsym`` or any op of its decomposition is a convolution (or its transpose, or
+    either's backward)."""
+    if contraction_kind(bsym.sym.name) in ("convolution", "transposed convolution"):
+        return True
+    return any(runs_convolution(sub) for sub in bsym.subsymbols)
 
 
 def uses_op(bsym, names: tuple[str, ...]) -> bool:

@@ -7,7 +7,8 @@ one after another, Thunder's ``del_last_used`` frees a saved value after the pie
 reads it; where the executor's compiler merges equal computations, two ops computing the same value
 (a value recomputed again for a far reader) may be cut apart when what the compiler would hold in
 between outweighs what crosses the cut. No cut falls between an op that makes a storage and an
-in-place write into it. Where to cut is ``fusion_regions.region_cut_positions`` (the rule is
+in-place write into it, and none in a region that runs a convolution where the executor's kernel
+model says so (``KernelModel.uncut_convolution_regions``). Where to cut is ``fusion_regions.region_cut_positions`` (the rule is
 ``solvers.region_cuts``, plain data); each piece is emitted through the region's own executor, in
 the original order, reading and returning what the pieces around it need, so the trace computes
 the same values.
@@ -19,7 +20,7 @@ from collections.abc import Callable
 
 from thunder.core.pytree import tree_flatten
 
-from thunder_remat.fusion_regions import region_cut_positions, region_names
+from thunder_remat.fusion_regions import region_cut_positions, region_names, runs_convolution
 from thunder_remat.storage import storage_map
 from thunder_remat.trace_facts import is_backward_region, loss_outputs
 
@@ -63,7 +64,10 @@ def split_backward_regions(trace, adapter_for: Callable, fusion_counter: Callabl
             # an input read again after the region lives on: a cut cannot free it either
             read_later = {p.name for p in bsym.flat_proxy_args
                           if last_reader.get(storages.owner_of(p.name), -1) > position}
-            pieces = _pieces(bsym, held | read_later, merges, storages, prologue)
+            kernels = adapter.kernel_model()
+            uncut = kernels is not None and kernels.uncut_convolution_regions
+            pieces = None if uncut and any(runs_convolution(sub) for sub in bsym.subsymbols) else \
+                _pieces(bsym, held | read_later, merges, storages, prologue)
         if not pieces:
             out.append(bsym)
             continue

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from thunder_remat.fusion_regions import KernelKind, KernelModel, kernel_kind, uses_op
+from thunder_remat.fusion_regions import KernelKind, KernelModel, kernel_kind, runs_convolution, uses_op
 from thunder_remat.solvers.region_cuts import made_then_written, region_cuts
 from thunder_remat.trace_facts import TagReader, forward_storages, in_place_destination, is_backward, loss_outputs
 from thunder_remat.whole_graph.rewrite import CopySchedule
@@ -43,7 +43,9 @@ class RegionModel:
     made inside a region, one it reads from the forward is an input the region holds.
     ``kernels``: how the executor's compiler holds memory inside a region (None: each op frees
     what it last reads, as unfused); then ``kinds[position]`` is the ``KernelKind`` the op there
-    becomes and ``heavy[position]`` whether it uses one of ``kernels.heavy_on_cpu`` on CPU.
+    becomes and ``heavy[position]`` whether it uses one of ``kernels.heavy_on_cpu`` on CPU;
+    ``convolution[position]``: the op there runs a convolution (filled where
+    ``kernels.uncut_convolution_regions``: a region holding one is not cut).
     """
 
     fusible: tuple[bool, ...]
@@ -52,6 +54,7 @@ class RegionModel:
     kernels: KernelModel | None = None
     kinds: tuple[str, ...] = ()
     heavy: tuple[bool, ...] = ()
+    convolution: tuple[bool, ...] = ()
 
     @property
     def fuses_any(self) -> bool:
@@ -64,13 +67,15 @@ def predict_regions(trace, fusible, split: bool = True, kernels: KernelModel | N
     ``kernel_model()``."""
     bsyms = trace.bound_symbols
     fused = tuple(bool(fusible(bsym)) for bsym in bsyms)
-    kinds, heavy = (), ()
+    kinds, heavy, convolution = (), (), ()
+    if kernels is not None and kernels.uncut_convolution_regions:
+        convolution = tuple(f and runs_convolution(bsym) for bsym, f in zip(bsyms, fused))
     if kernels is not None:
         tags = TagReader()
         kinds = tuple(kernel_kind(bsym, tags) if f else None for bsym, f in zip(bsyms, fused))
         heavy = tuple(bool(f and kernels.heavy_on_cpu and _on_cpu(bsym) and uses_op(bsym, kernels.heavy_on_cpu))
                       for bsym, f in zip(bsyms, fused))
-    return RegionModel(fused, tuple(is_backward(bsym) for bsym in bsyms), split, kernels, kinds, heavy)
+    return RegionModel(fused, tuple(is_backward(bsym) for bsym in bsyms), split, kernels, kinds, heavy, convolution)
 
 
 def estimate_schedule_peak(schedule: CopySchedule, storages: StorageMap | None = None,
@@ -178,8 +183,9 @@ def estimate_schedule_peak(schedule: CopySchedule, storages: StorageMap | None =
         if prologue and prologue.intersection(tensor_outs[position]):
             prologue_end = step
         step += 1
+    uncut = [regions.convolution[p] for p in step_position] if regions is not None and regions.convolution else None
     region_of = _step_regions(step_fused, step_reads, step_makes, step_outs, step_writes, last_read, size,
-                              regions is not None and regions.split, prologue_end)
+                              regions is not None and regions.split, prologue_end, uncut)
     if regions is not None and regions.kernels is not None:
         kinds = [regions.kinds[p] if region >= 0 else None for p, region in zip(step_position, region_of)]
         heavy = [regions.heavy[p] for p in step_position]
@@ -204,11 +210,12 @@ def estimate_schedule_peak(schedule: CopySchedule, storages: StorageMap | None =
 
 
 def _step_regions(fused: list[bool], reads: list[list], makes: list[list], outs: list[list], writes: list,
-                  last_read: dict, size: dict, split: bool, prologue_end: int | None = None) -> list[int]:
+                  last_read: dict, size: dict, split: bool, prologue_end: int | None = None,
+                  uncut: list[bool] | None = None) -> list[int]:
     """The region each step runs in (-1: none): runs of consecutive fused steps, each cut where
     ``solvers.region_cuts`` cuts it (``split``), reading storages as a built region reads names,
     and after ``prologue_end`` (the step of the backward prologue's last copy), as ``pairs.split``
-    cuts after the prologue."""
+    cuts after the prologue; a run holding a step ``uncut`` marks is not cut."""
     region_of = [-1] * len(fused)
     region, k = -1, 0
     while k < len(fused):
@@ -219,7 +226,7 @@ def _step_regions(fused: list[bool], reads: list[list], makes: list[list], outs:
         while k < len(fused) and fused[k]:
             k += 1
         cuts: set[int] = set()
-        if split and k - start > 1:
+        if split and k - start > 1 and not (uncut and any(uncut[start:k])):
             made = {storage for at in range(start, k) for storage in makes[at]}
             # the run's inputs no later step reads: a cut can free them
             inputs = {storage for at in range(start, k) for storage in reads[at]
