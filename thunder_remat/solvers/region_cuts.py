@@ -97,14 +97,14 @@ def _greedy_cuts(reads: Sequence[Sequence[str]], makes: Sequence[Sequence[str]],
             counted.add(name)
             freed[k] += sizes.get(name, 0)
     crossing = [0] * (n + 1)  # difference array: a value made at d and last read at l crosses d..l-1
-    spans: list[tuple[int, int, int]] = []  # (d, l, bytes) of each value that would cross a cut
+    spans_from: list[list[tuple[int, int]]] = [[] for _ in range(n)]  # d -> (l, bytes) of values made at d
     for d, names in enumerate(makes):
         for name in names:
             end = last.get(name, d)
             if name not in outputs and end > d:  # an output exists between the pieces anyway
                 crossing[d] += sizes.get(name, 0)
                 crossing[end] -= sizes.get(name, 0)
-                spans.append((d, end, sizes.get(name, 0)))
+                spans_from[d].append((end, sizes.get(name, 0)))
     rest = [0] * (n + 1)  # bytes the ops after k make: what freed memory would otherwise sit under
     for k in range(n - 1, -1, -1):
         rest[k] = rest[k + 1] + sum(sizes.get(name, 0) for name in makes[k])
@@ -114,8 +114,9 @@ def _greedy_cuts(reads: Sequence[Sequence[str]], makes: Sequence[Sequence[str]],
         if at is not None:
             due.setdefault(at, []).append((i, nbytes))
     cuts, live, since = [], 0, 0
-    crossed = [False] * len(spans)  # whether the value already crosses a cut made
+    open_spans: list[tuple[int, int]] = []  # values made since the last cut, not yet past a cut
     for k in range(n - 1):
+        open_spans += spans_from[k]
         live += crossing[k]
         since += freed[k]
         if k in fixed:
@@ -126,10 +127,10 @@ def _greedy_cuts(reads: Sequence[Sequence[str]], makes: Sequence[Sequence[str]],
             since = 0
             # what crosses this cut is an input of the next piece, held by it until it returns:
             # a later cut after its last read frees it, as it frees the region's own inputs
-            for s, (d, end, nbytes) in enumerate(spans):
-                if d <= k < end and not crossed[s]:
-                    crossed[s] = True
+            for end, nbytes in open_spans:
+                if end > k:
                     freed[end] += nbytes
+            open_spans = []
     return cuts
 
 
