@@ -8,10 +8,10 @@ reads it; where the executor's compiler merges equal computations, two ops compu
 (a value recomputed again for a far reader) may be cut apart when what the compiler would hold in
 between outweighs what crosses the cut. No cut falls between an op that makes a storage and an
 in-place write into it, and none in a region that runs a convolution where the executor's kernel
-model says so (``KernelModel.uncut_convolution_regions``). Where to cut is ``fusion_regions.region_cut_positions`` (the rule is
-``solvers.region_cuts``, plain data); each piece is emitted through the region's own executor, in
-the original order, reading and returning what the pieces around it need, so the trace computes
-the same values.
+model says so (``KernelModel.uncut_convolution_regions``). Where to cut is
+``fusion_regions.region_cut_positions`` (the rule is ``solvers.region_cuts``, plain data); each
+piece is emitted through the region's own executor, in the original order, reading and returning
+what the pieces around it need, so the trace computes the same values.
 """
 
 from __future__ import annotations
