@@ -299,10 +299,13 @@ def compiled_kernels(model: KernelModel, kinds: list, heavy: list[bool], region_
                 if born.get(storage, -1) < first:
                     last_read[storage] = max(last_read[storage], at)
             for storage in makes[k]:
-                if last_read.get(storage, k) <= at:
-                    size[storage] = 0
-                else:
+                if last_read.get(storage, k) > at:
                     born[storage] = first
+                elif kinds[k] != KernelKind.OTHER:
+                    size[storage] = 0
+                # a reduction's or scatter's output read only inside the run is still a buffer
+                # of the run's kernels, alive from its step to its last read (an embedding's
+                # backward there is a table-sized one)
         at += 1
     return reads
 
