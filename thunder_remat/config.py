@@ -62,6 +62,9 @@ class RematConfig:
     #: keep Inductor's order. False: the executor's own choices (the step's peak may then exceed
     #: the estimate).
     keep_plan_order: bool = True
+    #: Run the backward in the order, of a few that compute the same values, with the lowest
+    #: estimated step peak (the trace's own order included; see thunder_remat.whole_graph.reorder).
+    reorder_backward: bool = True
     #: Check every rewritten trace with thunder_remat.verify; a rewrite that fails is undone (with a warning).
     verify: bool = True
     #: Under FSDP ZeRO-3, re-gather parameters in the backward instead of saving the gathered ones.
@@ -71,7 +74,7 @@ class RematConfig:
 
     def __post_init__(self) -> None:
         for name in ("enabled", "fusion_pairs", "whole_graph", "verify", "fsdp_regather", "split_regions",
-                     "keep_plan_order"):
+                     "keep_plan_order", "reorder_backward"):
             _check_choice(name, getattr(self, name), _BOOLS)
         _check_choice("solver", self.solver, KNAPSACK_SOLVERS)
         _check_choice("cost_model", self.cost_model, COST_MODELS)

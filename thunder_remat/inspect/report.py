@@ -84,6 +84,8 @@ class RematReport:
     peak_estimate: int | None = None
     #: the step's peak the allocator measured, when ``explain`` was given a step to run (bytes)
     peak_measured: int | None = None
+    #: the order the backward runs in (``remat_reorder_backward``): "trace" or a greedy order's name
+    backward_order: str = "trace"
 
     @property
     def activation_bytes(self) -> int:
@@ -120,6 +122,7 @@ class RematReport:
             "training_compilations": list(self.training_compilations),
             "peak_estimate": self.peak_estimate,
             "peak_measured": self.peak_measured,
+            "backward_order": self.backward_order,
         }
 
     def __str__(self) -> str:
@@ -150,6 +153,9 @@ class RematReport:
             if self.peak_measured is not None:
                 parts.append(f"measured {self.peak_measured:,} B (the step given to explain, by the allocator)")
             lines.append("  step peak: " + "; ".join(parts))
+        if self.backward_order != "trace":
+            lines.append(f"  backward run in the {self.backward_order!r} order (the lowest estimated step peak of "
+                         "the trace's own and four greedy orders; remat_reorder_backward)")
         if self.times_ms:
             lines.append("  pass times: " + ", ".join(f"{k} {v:.1f} ms" for k, v in self.times_ms.items()))
         lines.append("  saved for backward:")
@@ -230,6 +236,7 @@ def explain(jitted, compilation: int | None = None, *, step=None, device="cpu") 
         report.recompute_cost, report.recompute_unit = plan.recompute_cost, problem.cost_unit
         report.rewritten_cost = save.rewritten_cost
         report.peak_estimate = save.peak_estimate
+        report.backward_order = save.backward_order
         report.times_ms.update(_times("whole-graph", save))
         ops = {op.index: op for op in problem.ops}
         level_of = {i: k for k, level in enumerate(save.checkpoint_levels, start=1) for i in level}

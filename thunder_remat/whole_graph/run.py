@@ -20,9 +20,10 @@ from thunder_remat.verify import kept_if_verified
 from thunder_remat.whole_graph.reasons import PlanReasons, plan_reasons
 from thunder_remat.whole_graph.analysis import build_save_problem
 from thunder_remat.whole_graph.checkpoints import anchor_fractions, checkpointed_schedule
-from thunder_remat.whole_graph.peak import predict_regions
+from thunder_remat.whole_graph.peak import estimate_peak_bytes, predict_regions
 from thunder_remat.whole_graph.frontier_walk import plans_ahead, walk_frontier
 from thunder_remat.whole_graph.peak_budget import choose_for_peak
+from thunder_remat.whole_graph.reorder import lowest_peak_order
 from thunder_remat.whole_graph.planner import (BudgetChoice, Frontier, PlanSearch, build_frontier, choose_fastest,
                                                is_fastest_budget, target_bytes)
 from thunder_remat.whole_graph.problem import SaveProblem, with_measured_costs
@@ -73,6 +74,9 @@ class SavePassResult(PassResult):
     #: names of what the rewritten backward makes when it starts (the outermost checkpoints, made
     #: early: ``CopySchedule.prologue``); a backward fusion region is cut after them
     prologue: frozenset[str] = frozenset()
+    #: the order the backward runs in (``whole_graph.reorder``): "trace" (as autograd emitted it and
+    #: the rewrite placed its copies), "sunk", "least peak" or "oldest inputs" (``solvers.memory_order``)
+    backward_order: str = "trace"
 
     @property
     def checkpoint_ops(self) -> tuple[int, ...]:
@@ -137,6 +141,8 @@ class SavePassResult(PassResult):
         if self.checkpoint_ops:
             text += (f"; backward recomputes from {len(self.checkpoint_ops)} checkpoint ops "
                      f"(anchored at budget {', '.join(f'{a:g}' for a in self.checkpoint_anchors)})")
+        if self.backward_order != "trace":
+            text += f"; backward run in the {self.backward_order!r} order"
         if self.peak_estimate is not None:
             text += f"; est. step peak {self.peak_estimate} B"
             if self.peak_estimate_without_checkpoints is not None:
@@ -229,6 +235,10 @@ def plan_saved_values(trace, config, *, zero3: bool = False, fusible=None, kerne
             prologue = prologue_names(checkpoints.schedule, new)
             if regather:
                 new = prefetch_regathers(new, config.fsdp_prefetch, checkpoints.schedule.copy_positions())
+        if config.reorder_backward and not regather:
+            with timings.stage("estimate"):
+                new = _lowest_peak_order(result, new, prologue, fusible, kernels, config.split_regions)
+        with timings.stage("rewrite"):
             replayed = {op.op for op in problem.ops if op.force_recompute} if regather else set()
             if config.verify and not kept_if_verified(result, trace, new, "whole-graph rewrite",
                                                       saved=choice.plan.saved, saved_bytes=choice.plan.saved_bytes,
@@ -236,7 +246,8 @@ def plan_saved_values(trace, config, *, zero3: bool = False, fusible=None, kerne
                 return result
         result.trace = new
         result.prologue = prologue
-        result.status = PassStatus.REWRITTEN if result.copied_ops else PassStatus.UNCHANGED
+        changed = result.copied_ops or result.backward_order != "trace"
+        result.status = PassStatus.REWRITTEN if changed else PassStatus.UNCHANGED
     except Exception as exc:  # containment: leave the trace as Thunder made it
         result.fail(trace, f"{type(exc).__name__}: {exc}")
         warnings.warn(
@@ -264,6 +275,21 @@ def plan_saved_values(trace, config, *, zero3: bool = False, fusible=None, kerne
         )
     log.info("%s", result.provenance())
     return result
+
+
+def _lowest_peak_order(result: SavePassResult, trace, prologue, fusible, kernels, split: bool):
+    """``trace`` with its backward in the order of lowest estimated step peak (recorded in
+    ``result``); each order's regions are predicted from that order."""
+    def estimate(candidate) -> int:
+        regions = predict_regions(candidate, fusible, split, kernels) if fusible is not None else None
+        return estimate_peak_bytes(candidate, regions, prologue)
+
+    new, peak, result.backward_order = lowest_peak_order(trace, estimate, prologue)
+    if result.backward_order != "trace":
+        log.debug("backward run in the %r order: est. step peak %d B", result.backward_order, peak)
+        if result.peak_estimate is not None:
+            result.peak_estimate = peak
+    return new
 
 
 def _ask_ceiling(trace, problem: SaveProblem, fusible, ceiling) -> int | None:

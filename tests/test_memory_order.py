@@ -1,0 +1,214 @@
+"""The backward orders of ``solvers.memory_order`` (plain data) and ``whole_graph.reorder`` (traces
+built by hand): valid orders, the bytes they hold, and the estimate choosing between them."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from thunder_remat.solvers.memory_order import (OrderProblem, least_peak_order, least_peak_order_from_the_end,
+                                                oldest_inputs_order, sunk_order, walk_peak)
+
+
+ORDERS = (sunk_order, least_peak_order, least_peak_order_from_the_end, oldest_inputs_order)
+
+
+def problem(nodes, sizes, kept=()):
+    """``nodes``: (preds, reads, makes) per node."""
+    return OrderProblem(tuple(frozenset(p) for p, _, _ in nodes), tuple(frozenset(r) for _, r, _ in nodes),
+                        tuple(frozenset(m) for _, _, m in nodes), dict(sizes), frozenset(kept))
+
+
+def early_partial_gradient():
+    """Node 0 makes A (1000 B), read only at the end; nodes 1-3 make and free a 4000 B temporary
+    in between (the T5 shape: a partial embedding gradient made early, summed last)."""
+    return problem([
+        ((), (), ("A",)),
+        ((), (), ("M1",)),
+        ((1,), ("M1",), ("M2",)),
+        ((2,), ("M2",), ("M3",)),
+        ((0, 3), ("A", "M3"), ("G",)),
+    ], {"A": 1000, "M1": 128, "M2": 4000, "M3": 8, "G": 8}, kept=("G",))
+
+
+def late_free():
+    """In the given order a 2000 B value is made while a 1000 B value whose reader would free it
+    is still waiting."""
+    return problem([
+        ((), (), ("A",)),
+        ((), (), ("B",)),
+        ((1,), ("B",), ("D",)),
+        ((0,), ("A",), ("C",)),
+        ((2, 3), ("C", "D"), ("E",)),
+    ], {"A": 1000, "B": 10, "C": 10, "D": 2000, "E": 5}, kept=("E",))
+
+
+@pytest.mark.unit
+def test_walk_peak_counts_what_is_alive_at_each_node():
+    p = early_partial_gradient()
+    assert walk_peak(p, [0, 1, 2, 3, 4]) == 1000 + 128 + 4000
+    assert walk_peak(p, [1, 2, 3, 0, 4]) == 128 + 4000
+    # a storage read that no node makes is alive from the start and freed after its last reader
+    q = problem([((), ("S",), ("X",)), ((0,), ("X",), ("Y",))], {"S": 50, "X": 7, "Y": 3}, kept=("Y",))
+    assert walk_peak(q, [0, 1]) == 50 + 7
+
+
+@pytest.mark.unit
+def test_sunk_order_runs_a_node_that_allocates_more_than_it_frees_just_before_its_reader():
+    p = early_partial_gradient()
+    assert sunk_order(p) == [1, 2, 3, 0, 4]
+    assert walk_peak(p, sunk_order(p)) == 4128
+    # the greedy that looks one node ahead runs the small allocation first and misses it
+    assert walk_peak(p, least_peak_order(p)) == 5128
+
+
+@pytest.mark.unit
+def test_least_peak_order_frees_before_it_allocates_more():
+    p = late_free()
+    assert walk_peak(p, range(5)) == 3010
+    assert least_peak_order(p) == [1, 0, 3, 2, 4]
+    assert walk_peak(p, least_peak_order(p)) == 2020
+
+
+@pytest.mark.unit
+def test_an_order_with_nothing_to_gain_is_kept():
+    chain = problem([((), (), ("a",)), ((0,), ("a",), ("b",)), ((1,), ("b",), ("c",))],
+                    {"a": 4, "b": 4, "c": 4}, kept=("c",))
+    for make in ORDERS:
+        assert make(chain) == [0, 1, 2]
+
+
+def random_problem(rng: random.Random, n: int) -> OrderProblem:
+    nodes, sizes = [], {}
+    for i in range(n):
+        preds = set(rng.sample(range(i), rng.randint(0, min(i, 3)))) if i else set()
+        reads = {f"v{j}" for j in preds} | ({f"in{rng.randint(0, 2)}"} if rng.random() < 0.3 else set())
+        nodes.append((preds, reads, (f"v{i}",)))
+        sizes[f"v{i}"] = rng.choice((4, 64, 1024))
+    for k in range(3):
+        sizes[f"in{k}"] = 256
+    return problem(nodes, sizes, kept={f"v{n - 1}"})
+
+
+@pytest.mark.unit
+def test_every_order_is_a_deterministic_topological_order():
+    rng = random.Random(7)
+    for _ in range(200):
+        p = random_problem(rng, rng.randint(1, 30))
+        for make in ORDERS:
+            order = make(p)
+            assert sorted(order) == list(range(len(p.preds)))
+            place = {node: k for k, node in enumerate(order)}
+            assert all(place[j] < place[i] for i, before in enumerate(p.preds) for j in before)
+            assert make(p) == order
+
+
+@pytest.mark.unit
+def test_a_bad_problem_is_refused():
+    with pytest.raises(ValueError, match="one entry per node"):
+        OrderProblem((frozenset(),), (), (), {})
+    with pytest.raises(ValueError, match="node 0 must follow"):
+        OrderProblem((frozenset({0}),), (frozenset(),), (frozenset(),), {})
+
+
+def early_exp_joint_trace():
+    """A joint trace whose backward first makes ``p = exp(w)`` (2048 B), read only by its last op,
+    then a chain of three 4096 B values."""
+    import thunder.torch as ltorch
+    from builders import joint_trace
+
+    made = {}
+
+    def forward(x, w):
+        return ltorch.mul(x, x)
+
+    def backward(x, w, out, g):
+        made["p"] = p = ltorch.exp(w)
+        a = ltorch.mul(g, x)
+        b = ltorch.mul(a, 2.0)
+        gx = ltorch.mul(b, x)
+        gw = ltorch.mul(p, 2.0)
+        return gx, gw
+
+    return joint_trace(forward, backward, [("x", 32, 32), ("w", 64, 8)]), made
+
+
+@pytest.mark.unit
+def test_the_backward_runs_in_the_order_of_lowest_estimated_peak():
+    from thunder_remat.whole_graph.peak import estimate_peak_bytes
+    from thunder_remat.whole_graph.reorder import lowest_peak_order
+
+    trace, made = early_exp_joint_trace()
+    before = estimate_peak_bytes(trace)
+    new, peak, name = lowest_peak_order(trace, estimate_peak_bytes)
+    assert name == "sunk"
+    assert peak == estimate_peak_bytes(new) == before - 64 * 8 * 4  # exp's output no longer alive over the chain
+    backward = [b.sym.name for b in new.bound_symbols if b.sym.name not in ("unpack_trivial",)]
+    assert backward == ["mul", "get_grad", "mul", "mul", "mul", "exp", "mul", "python_return"]
+    assert new.bound_symbols[-1] is trace.bound_symbols[-1]
+    assert sorted(map(id, new.bound_symbols)) == sorted(map(id, trace.bound_symbols))
+
+
+@pytest.mark.unit
+def test_a_prologue_op_keeps_its_place():
+    from thunder_remat.whole_graph.peak import estimate_peak_bytes
+    from thunder_remat.whole_graph.reorder import lowest_peak_order
+
+    trace, made = early_exp_joint_trace()
+    new, peak, name = lowest_peak_order(trace, estimate_peak_bytes, prologue=frozenset({made["p"].name}))
+    assert (new, peak, name) == (trace, estimate_peak_bytes(trace), "trace")
+
+
+def partial_gradient_made_early(x, w):
+    """The backward makes the gradient of ``(a * a).sum()`` first and adds it to the one through
+    the wide tanh only at the end: the first is held over the wide weight gradient unless sunk."""
+    import torch
+
+    a = x * 2
+    m = torch.tanh(a @ w)
+    return m.sum() + (a * a).sum()
+
+
+@pytest.mark.jit
+@pytest.mark.parametrize("executor", ["default", "eager fusion"])
+def test_a_sunk_backward_computes_the_same_gradients_and_holds_less(executor):
+    import thunder
+    import torch
+
+    import thunder_remat
+    from thunder_remat.executors.eager import eager_fusion_ex
+    from thunder_remat.inspect.measure import allocator_step_peak
+
+    executors = list(thunder.get_default_executors())
+    if executor == "eager fusion":
+        executors = [eager_fusion_ex, *executors]
+    torch.manual_seed(0)
+    x, w = torch.randn(8, 32, requires_grad=True), torch.randn(32, 512, requires_grad=True)
+    partial_gradient_made_early(x, w).backward()
+    expected = (x.grad.clone(), w.grad.clone())
+    peaks, orders = {}, {}
+    for reorder in (True, False):
+        jitted = thunder.jit(partial_gradient_made_early, executors=executors, remat=True,
+                             remat_reorder_backward=reorder)
+
+        def step():
+            jitted(x, w).backward()
+
+        x.grad = w.grad = None
+        step()
+        assert torch.allclose(x.grad, expected[0], atol=1e-5) and torch.allclose(w.grad, expected[1], atol=1e-5)
+        x.grad = w.grad = None
+        peaks[reorder] = allocator_step_peak(step).peak_bytes
+        orders[reorder] = thunder_remat.last_save_plan(jitted).backward_order
+        assert ("backward run in the 'sunk' order" in thunder_remat.last_save_plan(jitted).provenance()) == reorder
+        report = thunder_remat.explain(jitted)
+        assert report.backward_order == orders[reorder]
+        assert ("backward run in the 'sunk' order" in str(report)) == reorder
+    assert orders == {True: "sunk", False: "trace"}
+    if executor == "default":
+        # unfused, the walk is the allocator: the [8, 32] float32 partial gradient is no longer
+        # alive at the weight gradient's matmul, where the step peaks
+        assert peaks[False] - peaks[True] == 8 * 32 * 4
+    else:
+        assert peaks[True] <= peaks[False]

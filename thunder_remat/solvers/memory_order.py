@@ -1,0 +1,272 @@
+"""Orders of a run of ops that hold fewer bytes at once, from plain data.
+
+A trace runs its backward in the order autograd wrote it: the reverse of the forward, each
+gradient made where its formula was emitted. Any topological order computes the same values, and
+some hold less: an op whose output outweighs what it frees (an embedding's partial gradient,
+summed only at the end) is better run just before its reader, and one that frees more than it
+makes is better run as soon as it can. ``sunk_order``, ``least_peak_order``,
+``least_peak_order_from_the_end`` and ``oldest_inputs_order`` are greedy orders; the caller estimates each (with the fusion regions the executor will form, which
+this module does not see) and keeps the lowest, the original order included.
+
+Nodes are numbered in their current order; ``preds[i]``: the nodes ``i`` must follow. Storages are
+named by strings; a storage a node reads that no node makes is alive when the run starts and is
+freed after its last reader, unless ``kept`` (returned, or read after the run): those are never
+freed. A storage made and never read is freed right after the node that makes it.
+"""
+
+from __future__ import annotations
+
+import heapq
+from dataclasses import dataclass
+
+__all__ = ["OrderProblem", "least_peak_order", "least_peak_order_from_the_end", "oldest_inputs_order", "sunk_order",
+           "walk_peak"]
+
+
+@dataclass(frozen=True)
+class OrderProblem:
+    """A run of ``len(preds)`` ops to order."""
+
+    #: per node: the nodes it must follow
+    preds: tuple[frozenset[int], ...]
+    #: per node: the storages it reads
+    reads: tuple[frozenset[str], ...]
+    #: per node: the storages it allocates
+    makes: tuple[frozenset[str], ...]
+    #: storage -> bytes
+    sizes: dict
+    #: storages never freed in the run
+    kept: frozenset[str] = frozenset()
+
+    def __post_init__(self) -> None:
+        n = len(self.preds)
+        if len(self.reads) != n or len(self.makes) != n:
+            raise ValueError("preds, reads and makes must have one entry per node")
+        for i, before in enumerate(self.preds):
+            if any(not 0 <= j < n or j == i for j in before):
+                raise ValueError(f"node {i} must follow nodes of the run other than itself, got {sorted(before)}")
+
+
+class _Liveness:
+    """Bytes alive while an order is followed: readers left per storage, freed at the last."""
+
+    def __init__(self, problem: OrderProblem) -> None:
+        self.problem = problem
+        self.readers_left: dict[str, int] = {}
+        made = set()
+        for reads, makes in zip(problem.reads, problem.makes):
+            made.update(makes)
+            for s in reads:
+                self.readers_left[s] = self.readers_left.get(s, 0) + 1
+        self.live = sum(problem.sizes.get(s, 0) for s in self.readers_left
+                        if s not in made and s not in problem.kept)
+
+    def step(self, i: int) -> tuple[int, int]:
+        """(bytes alive while node ``i`` runs, bytes freed after it) if it ran now."""
+        p = self.problem
+        made = sum(p.sizes.get(s, 0) for s in p.makes[i])
+        freed = 0
+        for s in p.reads[i] | p.makes[i]:
+            if s in p.kept:
+                continue
+            left = self.readers_left.get(s, 0) - (1 if s in p.reads[i] else 0)
+            if left == 0:
+                freed += p.sizes.get(s, 0)
+        return self.live + made, freed
+
+    def run(self, i: int) -> int:
+        """Run node ``i``; the bytes alive while it ran."""
+        during, freed = self.step(i)
+        for s in self.problem.reads[i]:
+            self.readers_left[s] -= 1
+        self.live = during - freed
+        return during
+
+
+def walk_peak(problem: OrderProblem, order) -> int:
+    """The most bytes alive at once (storages alive at the start included) following ``order``."""
+    liveness = _Liveness(problem)
+    peak = liveness.live
+    for i in order:
+        peak = max(peak, liveness.run(i))
+    return peak
+
+
+def _successors(problem: OrderProblem) -> list[list[int]]:
+    succs: list[list[int]] = [[] for _ in problem.preds]
+    for i, before in enumerate(problem.preds):
+        for j in before:
+            succs[j].append(i)
+    return succs
+
+
+def least_peak_order(problem: OrderProblem) -> list[int]:
+    """Greedy: of the nodes whose predecessors have run, run one that does not raise the peak so
+    far, the one leaving the fewest bytes alive; when every one raises it, the one raising it
+    least. Ties go to the earlier node, so an order with nothing to gain is kept."""
+    n = len(problem.preds)
+    succs = _successors(problem)
+    readers_of: dict[str, list[int]] = {}
+    for i, reads in enumerate(problem.reads):
+        for s in reads:
+            readers_of.setdefault(s, []).append(i)
+    waiting = [len(before) for before in problem.preds]
+    ready = [i for i in range(n) if waiting[i] == 0]
+    liveness = _Liveness(problem)
+    peak = liveness.live
+    # per ready node: (bytes it allocates, bytes it allocates less bytes it frees); the live bytes
+    # are common to all, so only these differ. A node's entry changes when a storage it reads
+    # loses a reader.
+    effect: dict[int, tuple[int, int]] = {}
+    order: list[int] = []
+    while ready:
+        room = peak - liveness.live
+        best, best_key = None, None
+        for i in ready:
+            if i not in effect:
+                during, freed = liveness.step(i)
+                effect[i] = (during - liveness.live, during - liveness.live - freed)
+            made, change = effect[i]
+            key = (0, change, i) if made <= room else (1, made, i)
+            if best_key is None or key < best_key:
+                best, best_key = i, key
+        ready.remove(best)
+        peak = max(peak, liveness.run(best))
+        order.append(best)
+        for s in problem.reads[best]:
+            for k in readers_of[s]:
+                effect.pop(k, None)
+        for k in succs[best]:
+            waiting[k] -= 1
+            if waiting[k] == 0:
+                ready.append(k)
+    if len(order) != n:
+        raise ValueError("the run's ordering constraints have a cycle")
+    return order
+
+
+def oldest_inputs_order(problem: OrderProblem) -> list[int]:
+    """First in, first out: run next the node whose predecessors ran earliest (compared as sorted
+    lists of their places in the order so far), so what a node makes is read soon after; ties go
+    to the earlier node."""
+    n = len(problem.preds)
+    succs = _successors(problem)
+    waiting = [len(before) for before in problem.preds]
+    place: dict[int, int] = {}
+
+    def key(i: int):
+        return (sorted(place[j] for j in problem.preds[i]), i)
+
+    heap = [(key(i), i) for i in range(n) if waiting[i] == 0]
+    heapq.heapify(heap)
+    order: list[int] = []
+    while heap:
+        _, i = heapq.heappop(heap)
+        place[i] = len(order)
+        order.append(i)
+        for k in succs[i]:
+            waiting[k] -= 1
+            if waiting[k] == 0:
+                heapq.heappush(heap, (key(k), k))
+    if len(order) != n:
+        raise ValueError("the run's ordering constraints have a cycle")
+    return order
+
+
+def sunk_order(problem: OrderProblem) -> list[int]:
+    """The current order, except that every node allocating more bytes than it frees there (it
+    is the last reader of less than it makes) runs as late as it can: just before the first node
+    that reads what it makes. Its inputs then live longer and its outputs shorter, by more bytes.
+    A node making a ``kept`` storage (a gradient the backward returns) keeps its place: its
+    output lives to the end anyway, and sunk to the end it would hold its inputs there."""
+    n = len(problem.preds)
+    succs = _successors(problem)
+    last_reader: dict[str, int] = {}
+    for i, reads in enumerate(problem.reads):
+        for s in reads:
+            last_reader[s] = i
+    sizes = problem.sizes
+
+    def sinks(i: int) -> bool:
+        if problem.makes[i] & problem.kept:
+            return False
+        made = sum(sizes.get(s, 0) for s in problem.makes[i])
+        freed = sum(sizes.get(s, 0) for s in problem.reads[i] if last_reader[s] == i and s not in problem.kept)
+        return made > freed
+
+    # placed from the end: a node is ready once everything after it that needs it is placed; a
+    # sinking node is placed as soon as it is ready, the others latest first (their own order)
+    waiting = [len(after) for after in succs]
+    heap = [((0 if sinks(i) else 1), -i) for i in range(n) if waiting[i] == 0]
+    heapq.heapify(heap)
+    backwards: list[int] = []
+    while heap:
+        _, minus = heapq.heappop(heap)
+        i = -minus
+        backwards.append(i)
+        for j in problem.preds[i]:
+            waiting[j] -= 1
+            if waiting[j] == 0:
+                heapq.heappush(heap, ((0 if sinks(j) else 1), -j))
+    if len(backwards) != n:
+        raise ValueError("the run's ordering constraints have a cycle")
+    return backwards[::-1]
+
+
+def least_peak_order_from_the_end(problem: OrderProblem) -> list[int]:
+    """``least_peak_order`` run backwards: the order is built from its last node, each time
+    choosing, of the nodes whose successors are all placed, the one to run just before them.
+    Placing a node there ends its outputs' lives and starts those of the inputs no later node
+    reads; the choice is the one that does not raise the peak so far (seen from the end) and
+    leaves the fewest bytes alive before it, else the one raising it least. A node whose outputs
+    outweigh the inputs it starts goes late, with what it needs (the group that makes a partial
+    gradient read only at the end). Ties go to the later node, so an order with nothing to gain
+    is kept."""
+    n = len(problem.preds)
+    succs = _successors(problem)
+    sizes, kept = problem.sizes, problem.kept
+    readers_of: dict[str, list[int]] = {}
+    for i, reads in enumerate(problem.reads):
+        for s in reads:
+            readers_of.setdefault(s, []).append(i)
+    made_in_run = set().union(*problem.makes) if n else set()
+    # alive just before the earliest node placed so far; kept storages made in the run are alive
+    # from their maker to the end (those made before the run are alive throughout: not counted)
+    alive = {s for s in kept if s in made_in_run}
+    live = sum(sizes.get(s, 0) for s in alive)
+    peak = live
+    waiting = [len(after) for after in succs]
+    ready = [i for i in range(n) if waiting[i] == 0]
+    effect: dict[int, tuple[int, int]] = {}  # node -> (bytes alive while it runs, alive before it) less ``live``
+    order: list[int] = []
+    while ready:
+        best, best_key = None, None
+        for i in ready:
+            if i not in effect:
+                made = problem.makes[i]
+                started = sum(sizes.get(s, 0) for s in problem.reads[i] if s not in alive and s not in kept)
+                unread = sum(sizes.get(s, 0) for s in made if s not in alive)  # made and never read: transient
+                ended = sum(sizes.get(s, 0) for s in made if s in alive)
+                effect[i] = (started + unread, started - ended)
+            during, change = effect[i]
+            key = (0, change, -i) if live + during <= peak else (1, during, -i)
+            if best_key is None or key < best_key:
+                best, best_key = i, key
+        ready.remove(best)
+        during, change = effect.pop(best)
+        peak = max(peak, live + during)
+        live += change
+        entered = [s for s in problem.reads[best] if s not in alive and s not in kept]
+        alive.difference_update(problem.makes[best])
+        alive.update(entered)
+        for s in (*entered, *problem.makes[best]):
+            for k in readers_of.get(s, ()):
+                effect.pop(k, None)
+        order.append(best)
+        for j in problem.preds[best]:
+            waiting[j] -= 1
+            if waiting[j] == 0:
+                ready.append(j)
+    if len(order) != n:
+        raise ValueError("the run's ordering constraints have a cycle")
+    return order[::-1]
