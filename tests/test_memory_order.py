@@ -173,6 +173,9 @@ def partial_gradient_made_early(x, w):
 @pytest.mark.jit
 @pytest.mark.parametrize("executor", ["default", "eager fusion"])
 def test_a_sunk_backward_computes_the_same_gradients_and_holds_less(executor):
+    """Unfused the backward is sunk, holds exactly the partial gradient's bytes less and computes
+    the same gradients; with the eager fusion executor (regions the estimate walks as unfused) it
+    keeps the trace's order."""
     import thunder
     import torch
 
@@ -201,14 +204,16 @@ def test_a_sunk_backward_computes_the_same_gradients_and_holds_less(executor):
         x.grad = w.grad = None
         peaks[reorder] = allocator_step_peak(step).peak_bytes
         orders[reorder] = thunder_remat.last_save_plan(jitted).backward_order
-        assert ("backward run in the 'sunk' order" in thunder_remat.last_save_plan(jitted).provenance()) == reorder
+        sunk = orders[reorder] == "sunk"
+        assert ("backward run in the 'sunk' order" in thunder_remat.last_save_plan(jitted).provenance()) == sunk
         report = thunder_remat.explain(jitted)
         assert report.backward_order == orders[reorder]
-        assert ("backward run in the 'sunk' order" in str(report)) == reorder
-    assert orders == {True: "sunk", False: "trace"}
+        assert ("backward run in the 'sunk' order" in str(report)) == sunk
     if executor == "default":
+        assert orders == {True: "sunk", False: "trace"}
         # unfused, the walk is the allocator: the [8, 32] float32 partial gradient is no longer
         # alive at the weight gradient's matmul, where the step peaks
         assert peaks[False] - peaks[True] == 8 * 32 * 4
     else:
-        assert peaks[True] <= peaks[False]
+        # regions whose kernels the estimate does not model keep the trace's order
+        assert orders == {True: "trace", False: "trace"} and peaks[True] == peaks[False]
