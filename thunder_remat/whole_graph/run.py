@@ -286,7 +286,7 @@ def _lowest_peak_order(result: SavePassResult, trace, prologue, fusible, kernels
     measured against the allocator) and no region running a convolution (oneDNN's memory is not
     modelled). Otherwise the trace's order is kept: the estimate cannot tell whether an order holds
     less, and another order forms other regions (nvFuser at trace level: up to 35% more bytes
-    crossing between the backward's pieces; zoo ResNet with Inductor: 4.8% more measured peak;
+    crossing between regions; zoo ResNet with Inductor: 4.8% more measured peak;
     docs/whole-graph.md)."""
     def estimate(candidate) -> int:
         regions = predict_regions(candidate, fusible, split, kernels) if fusible is not None else None
