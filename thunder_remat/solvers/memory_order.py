@@ -5,8 +5,9 @@ gradient made where its formula was emitted. Any topological order computes the 
 some hold less: an op whose output outweighs what it frees (an embedding's partial gradient,
 summed only at the end) is better run just before its reader, and one that frees more than it
 makes is better run as soon as it can. ``sunk_order``, ``least_peak_order``,
-``least_peak_order_from_the_end`` and ``oldest_inputs_order`` are greedy orders; the caller estimates each (with the fusion regions the executor will form, which
-this module does not see) and keeps the lowest, the original order included.
+``least_peak_order_from_the_end`` and ``oldest_inputs_order`` are greedy orders; the caller
+estimates each (with the fusion regions the executor will form, which this module does not see)
+and keeps the lowest, the original order included.
 
 Nodes are numbered in their current order; ``preds[i]``: the nodes ``i`` must follow. Storages are
 named by strings; a storage a node reads that no node makes is alive when the run starts and is

@@ -23,7 +23,7 @@ from thunder_remat.solvers.memory_order import (OrderProblem, least_peak_order, 
                                                 oldest_inputs_order, sunk_order)
 from thunder_remat.trace_facts import TagReader, forward_storages, in_place_destination, is_backward, trace_names
 
-__all__ = ["backward_order_problem", "lowest_peak_order", "reordered"]
+__all__ = ["ORDERS", "backward_order_problem", "lowest_peak_order", "reordered"]
 
 #: the orders tried, by name, after the trace's own ("trace")
 ORDERS = (("sunk", sunk_order), ("least peak", least_peak_order),
