@@ -82,6 +82,7 @@ def test_plugin_name_registered():
         ({"remat": True, "remat_fsdp_prefetch": 0}, "'remat_fsdp_prefetch' must be an int >= 1"),
         ({"remat": True, "remat_verify": 1}, "'remat_verify' must be one of"),
         ({"remat": True, "remat_keep_plan_order": "yes"}, "'remat_keep_plan_order' must be one of \\[True, False\\]"),
+        ({"remat": True, "remat_reorder_backward": 1}, "'remat_reorder_backward' must be one of \\[True, False\\]"),
         ({"remat": True, "remat_recompute_window": 0}, "'remat_recompute_window' must be an int >= 1 or False"),
         ({"remat": True, "remat_recompute_window": True}, "'remat_recompute_window' must be an int >= 1 or False"),
         ({"remat": True, "remat_checkpoint_budget": 1.5}, "'remat_checkpoint_budget' must be 'auto', a fraction in"),
