@@ -155,7 +155,7 @@ class RematReport:
             lines.append("  step peak: " + "; ".join(parts))
         if self.backward_order != "trace":
             lines.append(f"  backward run in the {self.backward_order!r} order (the lowest estimated step peak of "
-                         "the trace's own and four greedy orders; remat_reorder_backward)")
+                         "the trace's own and the greedy orders of whole_graph.reorder; remat_reorder_backward)")
         if self.times_ms:
             lines.append("  pass times: " + ", ".join(f"{k} {v:.1f} ms" for k, v in self.times_ms.items()))
         lines.append("  saved for backward:")

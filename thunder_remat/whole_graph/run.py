@@ -74,8 +74,8 @@ class SavePassResult(PassResult):
     #: names of what the rewritten backward makes when it starts (the outermost checkpoints, made
     #: early: ``CopySchedule.prologue``); a backward fusion region is cut after them
     prologue: frozenset[str] = frozenset()
-    #: the order the backward runs in (``whole_graph.reorder``): "trace" (as autograd emitted it and
-    #: the rewrite placed its copies), "sunk", "least peak" or "oldest inputs" (``solvers.memory_order``)
+    #: the order the backward runs in: "trace" (as autograd emitted it and the rewrite placed its
+    #: copies) or the name of one of ``whole_graph.reorder.ORDERS``
     backward_order: str = "trace"
 
     @property
@@ -288,14 +288,17 @@ def _lowest_peak_order(result: SavePassResult, trace, prologue, fusible, kernels
     less, and another order forms other regions (nvFuser at trace level: up to 35% more bytes
     crossing between regions; zoo ResNet with Inductor: 4.8% more measured peak;
     docs/whole-graph.md)."""
+    own_regions = predict_regions(trace, fusible, split, kernels) if fusible is not None else None
+    if own_regions is not None and own_regions.fuses_any and (kernels is None or any(own_regions.convolution)):
+        return trace
+
     def estimate(candidate) -> int:
-        regions = predict_regions(candidate, fusible, split, kernels) if fusible is not None else None
+        if candidate is trace:
+            regions = own_regions
+        else:
+            regions = predict_regions(candidate, fusible, split, kernels) if fusible is not None else None
         return estimate_peak_bytes(candidate, regions, prologue)
 
-    if fusible is not None:
-        regions = predict_regions(trace, fusible, split, kernels)
-        if regions.fuses_any and (kernels is None or any(regions.convolution)):
-            return trace
     new, peak, result.backward_order = lowest_peak_order(trace, estimate, prologue)
     if result.backward_order != "trace":
         log.debug("backward run in the %r order: est. step peak %d B", result.backward_order, peak)
