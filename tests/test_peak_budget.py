@@ -392,6 +392,25 @@ def test_a_predicted_region_running_a_convolution_is_not_cut():
                          uncut=[False, True, False]) == [0, 0, 0]
 
 
+@pytest.mark.unit
+def test_forward_steps_form_regions_of_their_own_that_are_never_cut():
+    """Fused forward steps form regions apart from the backward's (two traces, two fusions) and
+    are not cut (``pairs.split`` cuts backward regions); the same steps in the backward are cut
+    where ``region_cuts`` says."""
+    from thunder_remat.whole_graph.peak import _step_regions
+
+    # a value s (400 B) read only by the first step; a (10 B) crosses after it
+    fused = [True, True, True, True]
+    reads, makes = [["s"], ["a"], ["b"], ["c"]], [["a"], ["b"], ["c"], ["d"]]
+    outs, writes = [["a"], ["b"], ["c"], ["d"]], [None] * 4
+    last_read = {"s": 0, "a": 1, "b": 2, "c": 3, "d": 4}
+    size = {"s": 400, "a": 10, "b": 10, "c": 10, "d": 500}
+    regions = _step_regions(fused, reads, makes, outs, writes, last_read, size, True,
+                            backward=[False, False, False, True])
+    assert regions == [0, 0, 0, 1]
+    assert _step_regions(fused, reads, makes, outs, writes, last_read, size, True) == [0, 1, 1, 1]
+
+
 def _kernel_walk(kinds, heavy, regions, reads, makes, **thresholds):
     """``peak.compiled_kernels`` on plain steps; every storage 100 bytes, born where made, last
     read as the steps read it."""

@@ -149,7 +149,7 @@ def checkpointed_schedule(trace, problem: SaveProblem, choice: BudgetChoice, *, 
     False, a fraction or tuple of fractions, or "auto"); time goes to ``timings``; ``anchors``:
     fraction -> the plan that budget chooses, for every fraction of ``anchor_fractions(setting)``
     whose target is above ``choice``'s saved bytes (``PlanSearch.anchor_plans``): this stage
-    solves nothing; ``regions``: the backward fusion regions the estimates model
+    solves nothing; ``regions``: the fusion regions the estimates model
     (``peak.predict_regions``; None: no fusion).
 
     ``inherit`` ("auto" only): (fraction, plan) anchors, nearest first, of the lowest-peak rewrite

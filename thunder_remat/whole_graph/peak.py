@@ -32,7 +32,7 @@ def estimate_peak_bytes(trace, regions: RegionModel | None = None, prologue=froz
 
 @dataclass(frozen=True)
 class RegionModel:
-    """The backward fusion regions an executor will form from a joint trace and any rewrite of it.
+    """The fusion regions an executor will form from a joint trace and any rewrite of it.
 
     ``fusible[position]``: the executor fuses the bound symbol there; ``backward[position]``: it
     belongs to the backward. A backward op the executor fuses, or a copy of a forward op it fuses
@@ -42,7 +42,9 @@ class RegionModel:
     will cut the built regions. So the cuts follow the plan: a value the backward recomputes is
     made inside a region, one it reads from the forward is an input the region holds.
     ``kernels``: how the executor's compiler holds memory inside a region (None: each op frees
-    what it last reads, as unfused); then ``kinds[position]`` is the ``KernelKind`` the op there
+    what it last reads, as unfused); with it the forward's fused ops form regions too
+    (consecutive ones, never cut: the split cuts backward regions), walked the same way. Then
+    ``kinds[position]`` is the ``KernelKind`` the op there
     becomes and ``heavy[position]`` whether it uses one of ``kernels.heavy_on_cpu`` on CPU;
     ``convolution[position]``: the op there runs a convolution (filled where
     ``kernels.uncut_convolution_regions``: a region holding one is not cut).
@@ -89,7 +91,8 @@ def estimate_schedule_peak(schedule: CopySchedule, storages: StorageMap | None =
     reads from a copy is a view of that copy.
 
     ``regions`` (``predict_regions``): the backward fusion regions the executor will form from the
-    rewritten trace, cut as ``pairs.split`` will cut them. A region is one call that holds its
+    rewritten trace, cut as ``pairs.split`` will cut them, and the forward's where
+    ``regions.kernels`` is known (``RegionModel``). A region is one call that holds its
     inputs as arguments: what it reads from before it (saved values, gradients so far) lives until
     it returns. Inside a region its ops run in order (``remat_keep_plan_order``) and values are
     freed at their last use, as unfused, unless ``regions.kernels`` models the executor's kernels
@@ -124,13 +127,14 @@ def estimate_schedule_peak(schedule: CopySchedule, storages: StorageMap | None =
     step_makes: list[list] = []  # per step: the storages it allocates
     step_outs: list[list] = []  # per step: the storages its outputs are on (views included)
     step_writes: list = []  # per step: the storage it writes in place, or None
-    step_fused: list[bool] = []  # per step: it runs in a backward fusion region
+    step_fused: list[bool] = []  # per step: it runs in a fusion region the walk models
+    step_backward: list[bool] = []  # per step: it belongs to the backward (a copy does)
     step_position: list[int] = []  # per step: the position of the bound symbol it runs
 
     def run(position: int, sources: dict, copy: int | None, fused: bool) -> None:
         """One step: the bound symbol at ``position`` reading ``sources`` (input name -> copy
         number) instead of the forward's values; ``copy``: the number of the copy this step
-        makes, or None; ``fused``: it runs in a backward fusion region."""
+        makes, or None; ``fused``: it runs in a fusion region the walk models."""
         reads = tensor_reads[position] if position != last else returned
         now = {}
         read_now, made_now, out_now = [], [], []
@@ -167,10 +171,14 @@ def estimate_schedule_peak(schedule: CopySchedule, storages: StorageMap | None =
         step_outs.append(out_now)
         step_writes.append(now.get(name, current.get(name) or owner.get(name, name)) if name else None)
         step_fused.append(fused)
+        step_backward.append(copy is not None or backward[position])
         step_position.append(position)
 
     fusible = regions.fusible if regions is not None else (False,) * len(bsyms)
     backward = regions.backward if regions is not None else (False,) * len(bsyms)
+    # the forward's regions only where the walk knows the executor's kernels: walked as unfused
+    # ops, a region's pointwise chain would hold every intermediate its kernel never writes
+    forward_fused = regions is not None and regions.kernels is not None
     prologue_end = None  # the step of the prologue's last copy
     for position in range(len(bsyms)):
         for k in schedule.before.get(position, ()):
@@ -179,13 +187,13 @@ def estimate_schedule_peak(schedule: CopySchedule, storages: StorageMap | None =
             if k == schedule.prologue - 1:
                 prologue_end = step
             step += 1
-        run(position, schedule.reads.get(position, {}), None, fusible[position] and backward[position])
+        run(position, schedule.reads.get(position, {}), None, fusible[position] and (backward[position] or forward_fused))
         if prologue and prologue.intersection(tensor_outs[position]):
             prologue_end = step
         step += 1
     uncut = [regions.convolution[p] for p in step_position] if regions is not None and regions.convolution else None
     region_of = _step_regions(step_fused, step_reads, step_makes, step_outs, step_writes, last_read, size,
-                              regions is not None and regions.split, prologue_end, uncut)
+                              regions is not None and regions.split, prologue_end, uncut, step_backward)
     if regions is not None and regions.kernels is not None:
         kinds = [regions.kinds[p] if region >= 0 else None for p, region in zip(step_position, region_of)]
         heavy = [regions.heavy[p] for p in step_position]
@@ -211,22 +219,26 @@ def estimate_schedule_peak(schedule: CopySchedule, storages: StorageMap | None =
 
 def _step_regions(fused: list[bool], reads: list[list], makes: list[list], outs: list[list], writes: list,
                   last_read: dict, size: dict, split: bool, prologue_end: int | None = None,
-                  uncut: list[bool] | None = None) -> list[int]:
-    """The region each step runs in (-1: none): runs of consecutive fused steps, each cut where
+                  uncut: list[bool] | None = None, backward: list[bool] | None = None) -> list[int]:
+    """The region each step runs in (-1: none): runs of consecutive fused steps of one trace
+    (``backward``: per step, it belongs to the backward; None: all do), each backward run cut where
     ``solvers.region_cuts`` cuts it (``split``), reading storages as a built region reads names,
     and after ``prologue_end`` (the step of the backward prologue's last copy), as ``pairs.split``
-    cuts after the prologue; a run holding a step ``uncut`` marks is not cut."""
+    cuts after the prologue; a run holding a step ``uncut`` marks is not cut, nor is a forward run
+    (``pairs.split`` cuts backward regions only)."""
     region_of = [-1] * len(fused)
+    if backward is None:
+        backward = [True] * len(fused)
     region, k = -1, 0
     while k < len(fused):
         if not fused[k]:
             k += 1
             continue
         start = k
-        while k < len(fused) and fused[k]:
+        while k < len(fused) and fused[k] and backward[k] == backward[start]:
             k += 1
         cuts: set[int] = set()
-        if split and k - start > 1 and not (uncut and any(uncut[start:k])):
+        if split and backward[start] and k - start > 1 and not (uncut and any(uncut[start:k])):
             made = {storage for at in range(start, k) for storage in makes[at]}
             # the run's inputs no later step reads: a cut can free them
             inputs = {storage for at in range(start, k) for storage in reads[at]

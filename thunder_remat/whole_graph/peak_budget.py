@@ -44,7 +44,7 @@ def choose_for_peak(trace, problem: SaveProblem, search: PlanSearch, target: int
     """The first plan of ``search``'s frontier, least recompute first, whose rewrite's estimated
     step peak is at most ``target`` bytes; otherwise the plan with the lowest estimate.
     ``anchors``: the checkpoint anchors' plans (``checkpoints.checkpointed_schedule``);
-    ``regions``: the backward fusion regions the estimates model (``peak.predict_regions``).
+    ``regions``: the fusion regions the estimates model (``peak.predict_regions``).
     ``ceiling``: the activation bytes Thunder alone saves (``PlanSearch.choose_capped``): the walk
     starts at the plan a fraction of 1.0 takes, so a peak budget ranges over the plans a fraction
     budget does."""
