@@ -187,7 +187,8 @@ def estimate_schedule_peak(schedule: CopySchedule, storages: StorageMap | None =
             if k == schedule.prologue - 1:
                 prologue_end = step
             step += 1
-        run(position, schedule.reads.get(position, {}), None, fusible[position] and (backward[position] or forward_fused))
+        fused = fusible[position] and (backward[position] or forward_fused)
+        run(position, schedule.reads.get(position, {}), None, fused)
         if prologue and prologue.intersection(tensor_outs[position]):
             prologue_end = step
         step += 1
