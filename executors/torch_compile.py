@@ -63,12 +63,9 @@ class TorchCompileAdapter(FusionAdapter):
         # kernels whose layout conversions and scratch memory the cut rule does not see, and cut,
         # they measured more (zoo, 1.0: ResNet 1.301 MB against 1.201 MB uncut, ConvNeXt 0.799
         # against 0.692 MB)
-        # torch 2.11's lowering of ``cat`` on CPU is always a ConcatKernel (its inputs realized
-        # into the output's slices); on CUDA it may be a pointwise kernel, not modelled
         return KernelModel(reads_threshold=int(inductor_config.realize_reads_threshold),
                            accumulated_reads_threshold=int(inductor_config.realize_acc_reads_threshold),
-                           heavy_on_cpu=("exp", "sigmoid"), uncut_convolution_regions=True,
-                           concat_into_slices_on_cpu=not inductor_config.force_pointwise_cat)
+                           heavy_on_cpu=("exp", "sigmoid"), uncut_convolution_regions=True)
 
     def keep_plan_order(self, bsym) -> None:
         """Regions with a convolution keep Inductor's order: it runs CPU convolutions as oneDNN

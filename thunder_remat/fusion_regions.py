@@ -163,17 +163,12 @@ class KernelModel:
     - ``uncut_convolution_regions``: a region that runs a convolution is not cut. What the
       compiler's convolution kernels hold (layout conversions, scratch memory) is not modelled, so
       the cut rule cannot see what a cut there costs.
-    - ``concat_into_slices_on_cpu``: on CPU a concatenation is no kernel of its own: its output is
-      allocated when the first kernel writing one of its slices runs, and a pointwise input made in
-      the region is computed straight into its slice (it has no buffer of its own; other inputs
-      are copied in). Elsewhere a concatenation is walked as a pointwise op.
     """
 
     reads_threshold: int
     accumulated_reads_threshold: int
     heavy_on_cpu: tuple[str, ...] = ()
     uncut_convolution_regions: bool = False
-    concat_into_slices_on_cpu: bool = False
 
 
 class KernelKind:
@@ -182,7 +177,6 @@ class KernelKind:
     EXTERN = "extern"  # a library call (matmul, convolution): reads realized buffers
     POINTWISE = "pointwise"  # may be computed inside its readers
     OTHER = "other"  # a reduction, a scatter, a random op: fused, but always written
-    CONCAT = "concat"  # a concatenation its inputs are written into (``KernelModel.concat_into_slices_on_cpu``)
 
 
 _WRITTEN_TAGS = frozenset({"REDUCTION_OP", "MATMUL_OP", "RANDOM_OP", "IN_PLACE", "COLLECTIVE"})
@@ -197,8 +191,6 @@ def kernel_kind(bsym, tags: TagReader) -> str:
     name = bsym.sym.name
     if contraction_kind(name) or name in ("linear", "matmul"):
         return KernelKind.EXTERN
-    if name == "cat":
-        return KernelKind.CONCAT
     if tags(bsym) & _WRITTEN_TAGS or uses_op(bsym, _WRITTEN_OPS):
         return KernelKind.OTHER
     return KernelKind.POINTWISE

@@ -74,7 +74,7 @@ def predict_regions(trace, fusible, split: bool = True, kernels: KernelModel | N
         convolution = tuple(f and runs_convolution(bsym) for bsym, f in zip(bsyms, fused))
     if kernels is not None:
         tags = TagReader()
-        kinds = tuple(_kind(bsym, tags, kernels) if f else None for bsym, f in zip(bsyms, fused))
+        kinds = tuple(kernel_kind(bsym, tags) if f else None for bsym, f in zip(bsyms, fused))
         heavy = tuple(bool(f and kernels.heavy_on_cpu and _on_cpu(bsym) and uses_op(bsym, kernels.heavy_on_cpu))
                       for bsym, f in zip(bsyms, fused))
     return RegionModel(fused, tuple(is_backward(bsym) for bsym in bsyms), split, kernels, kinds, heavy, convolution)
@@ -278,9 +278,8 @@ def compiled_kernels(model: KernelModel, kinds: list, heavy: list[bool], region_
         for storage in read:
             readers.setdefault(storage, []).append(at)
     reads = [list(read) for read in reads]
-    in_slices = _concat_slices(kinds, region_of, reads, makes, readers)
     for at, kind in enumerate(kinds):
-        if kind != KernelKind.POINTWISE or not makes[at] or at in in_slices:
+        if kind != KernelKind.POINTWISE or not makes[at]:
             continue
         by = sorted({r for storage in makes[at] for r in readers.get(storage, ())})
         if not by or any(region_of[r] != region_of[at] or kinds[r] == KernelKind.EXTERN for r in by):
@@ -300,7 +299,6 @@ def compiled_kernels(model: KernelModel, kinds: list, heavy: list[bool], region_
     for at, read in enumerate(reads):
         for storage in read:
             last_read[storage] = max(last_read.get(storage, at), at)
-    run_start = list(range(len(kinds)))
     at = 0
     while at < len(kinds):  # runs of fused ops between extern kernels
         if kinds[at] in (None, KernelKind.EXTERN):
@@ -310,61 +308,19 @@ def compiled_kernels(model: KernelModel, kinds: list, heavy: list[bool], region_
         while at + 1 < len(kinds) and region_of[at + 1] == region_of[first] and kinds[at + 1] != KernelKind.EXTERN:
             at += 1
         for k in range(first, at + 1):
-            run_start[k] = first
             for storage in reads[k]:
                 if born.get(storage, -1) < first:
                     last_read[storage] = max(last_read[storage], at)
             for storage in makes[k]:
                 if last_read.get(storage, k) > at:
                     born[storage] = first
-                elif kinds[k] not in (KernelKind.OTHER, KernelKind.CONCAT):
+                elif kinds[k] != KernelKind.OTHER:
                     size[storage] = 0
-                # a reduction's, scatter's or concatenation's output read only inside the run is
-                # still a buffer of the run's kernels, alive from its step to its last read (an
-                # embedding's backward there is a table-sized one)
+                # a reduction's or scatter's output read only inside the run is still a buffer
+                # of the run's kernels, alive from its step to its last read (an embedding's
+                # backward there is a table-sized one)
         at += 1
-    region_start: dict[int, int] = {}
-    for at, region in enumerate(region_of):
-        region_start.setdefault(region, at)
-    for at, concat in in_slices.items():  # written into its slices: the output is allocated then
-        # the kernel writing the slice may run as soon as what it reads is made (Inductor fuses
-        # it with an earlier kernel sharing a read, and a fused kernel runs where its first op does)
-        ready = max([region_start[region_of[at]], *(born[s] + 1 for s in reads[at] if s in born)])
-        for storage in makes[at]:
-            size[storage] = 0
-            for output in makes[concat]:
-                born[output] = min(born[output], run_start[at], ready)
-                last_read[output] = max(last_read[output], last_read[storage])
     return reads
-
-
-def _concat_slices(kinds: list, region_of: list[int], reads: list[list], makes: list[list],
-                   readers: dict) -> dict[int, int]:
-    """The steps whose outputs a concatenation of their region has computed straight into its
-    slices (``KernelModel.concat_into_slices_on_cpu``), mapped to that concatenation's step: a
-    pointwise step whose outputs only fused ops of its region read (neither a library call nor
-    another region, which would have it written first), one of them a concatenation."""
-    made_at = {storage: at for at, made in enumerate(makes) for storage in made}
-    found: dict[int, int] = {}
-    for concat, kind in enumerate(kinds):
-        if kind != KernelKind.CONCAT:
-            continue
-        for storage in reads[concat]:
-            at = made_at.get(storage)
-            if at is None or at in found or kinds[at] != KernelKind.POINTWISE or region_of[at] != region_of[concat]:
-                continue
-            by = {r for made in makes[at] for r in readers.get(made, ())}
-            if all(region_of[r] == region_of[concat] and kinds[r] != KernelKind.EXTERN for r in by):
-                found[at] = concat
-    return found
-
-
-def _kind(bsym, tags: TagReader, kernels: KernelModel) -> str:
-    """``kernel_kind``, a concatenation walked as pointwise where ``kernels`` does not model it."""
-    kind = kernel_kind(bsym, tags)
-    if kind == KernelKind.CONCAT and not (kernels.concat_into_slices_on_cpu and _on_cpu(bsym)):
-        return KernelKind.POINTWISE
-    return kind
 
 
 def _on_cpu(op) -> bool:
