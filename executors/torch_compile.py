@@ -65,8 +65,7 @@ class TorchCompileAdapter(FusionAdapter):
         # against 0.692 MB)
         return KernelModel(reads_threshold=int(inductor_config.realize_reads_threshold),
                            accumulated_reads_threshold=int(inductor_config.realize_acc_reads_threshold),
-                           heavy_on_cpu=("exp", "sigmoid"), uncut_convolution_regions=True,
-                           in_place_buffers=bool(inductor_config.inplace_buffers))
+                           heavy_on_cpu=("exp", "sigmoid"), uncut_convolution_regions=True)
 
     def keep_plan_order(self, bsym) -> None:
         """Regions with a convolution keep Inductor's order: it runs CPU convolutions as oneDNN

@@ -475,42 +475,6 @@ def test_a_pointwise_value_is_written_where_inductor_realizes_it(case):
 
 
 @pytest.mark.unit
-@pytest.mark.parametrize("case", ["in place", "region input", "read after the run", "other size", "made in the run",
-                                  "reduction"])
-def test_a_pointwise_output_takes_the_buffer_of_a_value_it_reads_last(case):
-    """Inductor's in-place buffers on plain steps: a pointwise step's output shares the buffer of a
-    same-sized value an earlier kernel of its region made and that its run reads last (a matmul's
-    output turned into the softmax's gradient); not a region input's, not one read after the run,
-    not one of another size or made in the same run, and a reduction writes its own."""
-    from thunder_remat.fusion_regions import KernelKind as K
-    from thunder_remat.whole_graph.peak import in_place_outputs
-
-    #        matmul    softmax grad  matmul    read outside
-    kinds = [K.EXTERN, K.POINTWISE, K.EXTERN, None]
-    regions = [0, 0, 0, -1]
-    reads = [[], ["m"], ["g"], ["g", "n"]]
-    makes = [["m"], ["g"], ["n"], []]
-    size = {"m": 100, "g": 100, "n": 100}
-    last_read = {"m": 1, "g": 3, "n": 3}
-    if case == "region input":
-        regions[0] = -1
-    elif case == "read after the run":
-        reads[2], last_read["m"] = ["g", "m"], 2
-    elif case == "other size":
-        size["m"] = 50
-    elif case == "made in the run":
-        kinds[0] = K.POINTWISE
-    elif case == "reduction":
-        kinds[1] = K.OTHER
-    in_place_outputs(kinds, regions, reads, makes, last_read, size)
-    if case == "in place":
-        assert (size["g"], last_read["m"]) == (0, 3)  # one buffer, from m's birth to g's last read
-    else:
-        assert size["g"] == 100 and last_read["m"] == (2 if case == "read after the run" else 1)
-    assert size["n"] == 100  # a matmul writes its own output
-
-
-@pytest.mark.unit
 def test_only_regions_inductor_compiles_are_walked_as_its_kernels():
     """Thunder's torch.compile executor gives Inductor's kernel model, read from Inductor's config;
     its subsets that form regions only around required ops, and thunder_remat's eager executor

@@ -160,9 +160,6 @@ class KernelModel:
     - The ops of a region between two extern kernels run as fused kernels, which allocate what
       they hand on before they run and free what they read after: such a run holds its inputs to
       its end and allocates its outputs at its start.
-    - ``in_place_buffers``: a fused pointwise kernel writes its output into the buffer of a value
-      of the same size that an earlier kernel of its region made and that it reads for the last
-      time (a matmul's output turned into the softmax's gradient): the two share one buffer.
     - ``uncut_convolution_regions``: a region that runs a convolution is not cut. What the
       compiler's convolution kernels hold (layout conversions, scratch memory) is not modelled, so
       the cut rule cannot see what a cut there costs.
@@ -172,7 +169,6 @@ class KernelModel:
     accumulated_reads_threshold: int
     heavy_on_cpu: tuple[str, ...] = ()
     uncut_convolution_regions: bool = False
-    in_place_buffers: bool = False
 
 
 class KernelKind:

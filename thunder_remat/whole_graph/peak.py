@@ -21,8 +21,7 @@ from thunder_remat.trace_facts import TagReader, forward_storages, in_place_dest
 from thunder_remat.whole_graph.rewrite import CopySchedule
 from thunder_remat.storage import StorageMap
 
-__all__ = ["RegionModel", "compiled_kernels", "estimate_peak_bytes", "estimate_schedule_peak", "fused_runs",
-           "in_place_outputs", "predict_regions"]
+__all__ = ["RegionModel", "compiled_kernels", "estimate_peak_bytes", "estimate_schedule_peak", "predict_regions"]
 
 
 def estimate_peak_bytes(trace, regions: RegionModel | None = None, prologue=frozenset()) -> int:
@@ -214,8 +213,6 @@ def estimate_schedule_peak(schedule: CopySchedule, storages: StorageMap | None =
             first, last = region_steps[region]
             if start < first:
                 last_read[storage] = max(last_read[storage], last)
-    if regions is not None and regions.kernels is not None and regions.kernels.in_place_buffers:
-        in_place_outputs(kinds, region_of, step_reads, step_makes, last_read, size)
     lifetimes = {storage: (at, last_read[storage], size.get(storage, sizes.get(storage, 0)))
                  for storage, at in born.items()}
     return _peak_of(lifetimes, step)[0] if not detail else _peak_of(lifetimes, step)
@@ -302,7 +299,14 @@ def compiled_kernels(model: KernelModel, kinds: list, heavy: list[bool], region_
     for at, read in enumerate(reads):
         for storage in read:
             last_read[storage] = max(last_read.get(storage, at), at)
-    for first, at in fused_runs(kinds, region_of):
+    at = 0
+    while at < len(kinds):  # runs of fused ops between extern kernels
+        if kinds[at] in (None, KernelKind.EXTERN):
+            at += 1
+            continue
+        first = at
+        while at + 1 < len(kinds) and region_of[at + 1] == region_of[first] and kinds[at + 1] != KernelKind.EXTERN:
+            at += 1
         for k in range(first, at + 1):
             for storage in reads[k]:
                 if born.get(storage, -1) < first:
@@ -315,59 +319,8 @@ def compiled_kernels(model: KernelModel, kinds: list, heavy: list[bool], region_
                 # a reduction's or scatter's output read only inside the run is still a buffer
                 # of the run's kernels, alive from its step to its last read (an embedding's
                 # backward there is a table-sized one)
-    return reads
-
-
-def fused_runs(kinds: list, region_of: list[int]) -> list[tuple[int, int]]:
-    """The runs of fused steps between extern kernels, as (first step, last step): consecutive
-    steps of one region whose ``KernelKind`` is not extern."""
-    runs = []
-    at = 0
-    while at < len(kinds):
-        if kinds[at] in (None, KernelKind.EXTERN):
-            at += 1
-            continue
-        first = at
-        while at + 1 < len(kinds) and region_of[at + 1] == region_of[first] and kinds[at + 1] != KernelKind.EXTERN:
-            at += 1
-        runs.append((first, at))
         at += 1
-    return runs
-
-
-def in_place_outputs(kinds: list, region_of: list[int], reads: list[list], makes: list[list], last_read: dict,
-                     size: dict) -> None:
-    """``KernelModel.in_place_buffers``, on a walk after ``compiled_kernels`` (and after regions
-    hold what they read): a pointwise step's output takes the buffer of a storage of the same size
-    it reads, made by a step of its region before the step's run of fused ops and read last in that
-    run (the first such, in the order the step reads them; a buffer is taken once per value it
-    holds). The output then has no buffer of its own (``size`` 0) and the buffer lives to the
-    output's last read (``last_read``, updated in place)."""
-    run_start, run_end = list(range(len(kinds))), list(range(len(kinds)))
-    for first, last in fused_runs(kinds, region_of):
-        run_start[first:last + 1] = [first] * (last + 1 - first)
-        run_end[first:last + 1] = [last] * (last + 1 - first)
-    maker = {storage: at for at, made in enumerate(makes) for storage in made}
-    buffer_of: dict = {}  # storage -> the storage whose buffer it was written into
-    taken: set = set()
-    for at, kind in enumerate(kinds):
-        if kind != KernelKind.POINTWISE:
-            continue
-        for output in makes[at]:
-            if not size.get(output):
-                continue
-            for storage in reads[at]:
-                made_at = maker.get(storage)
-                buffer = buffer_of.get(storage, storage)
-                if (made_at is None or storage in taken or region_of[made_at] != region_of[at]
-                        or made_at >= run_start[at] or last_read[storage] > run_end[at]
-                        or size.get(buffer) != size[output]):
-                    continue
-                taken.add(storage)
-                buffer_of[output] = buffer
-                last_read[buffer] = max(last_read[buffer], last_read[output])
-                size[output] = 0
-                break
+    return reads
 
 
 def _on_cpu(op) -> bool:
