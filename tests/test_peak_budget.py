@@ -387,8 +387,9 @@ def test_a_predicted_region_running_a_convolution_is_not_cut():
     outs, writes = [["a"], ["b"], ["c"]], [None, None, None]
     last_read = {"s": 0, "a": 1, "b": 2, "c": 3}
     size = {"s": 400, "a": 10, "b": 10, "c": 500}
-    assert _step_regions(fused, reads, makes, outs, writes, last_read, size, True) == [0, 1, 1]
-    assert _step_regions(fused, reads, makes, outs, writes, last_read, size, True,
+    backward = [True] * 3
+    assert _step_regions(fused, backward, reads, makes, outs, writes, last_read, size, True) == [0, 1, 1]
+    assert _step_regions(fused, backward, reads, makes, outs, writes, last_read, size, True,
                          uncut=[False, True, False]) == [0, 0, 0]
 
 
@@ -405,10 +406,9 @@ def test_forward_steps_form_regions_of_their_own_that_are_never_cut():
     outs, writes = [["a"], ["b"], ["c"], ["d"]], [None] * 4
     last_read = {"s": 0, "a": 1, "b": 2, "c": 3, "d": 4}
     size = {"s": 400, "a": 10, "b": 10, "c": 10, "d": 500}
-    regions = _step_regions(fused, reads, makes, outs, writes, last_read, size, True,
-                            backward=[False, False, False, True])
+    regions = _step_regions(fused, [False, False, False, True], reads, makes, outs, writes, last_read, size, True)
     assert regions == [0, 0, 0, 1]
-    assert _step_regions(fused, reads, makes, outs, writes, last_read, size, True) == [0, 1, 1, 1]
+    assert _step_regions(fused, [True] * 4, reads, makes, outs, writes, last_read, size, True) == [0, 1, 1, 1]
 
 
 def _kernel_walk(kinds, heavy, regions, reads, makes, **thresholds):

@@ -193,8 +193,8 @@ def estimate_schedule_peak(schedule: CopySchedule, storages: StorageMap | None =
             prologue_end = step
         step += 1
     uncut = [regions.convolution[p] for p in step_position] if regions is not None and regions.convolution else None
-    region_of = _step_regions(step_fused, step_reads, step_makes, step_outs, step_writes, last_read, size,
-                              regions is not None and regions.split, prologue_end, uncut, step_backward)
+    region_of = _step_regions(step_fused, step_backward, step_reads, step_makes, step_outs, step_writes, last_read,
+                              size, regions is not None and regions.split, prologue_end, uncut)
     if regions is not None and regions.kernels is not None:
         kinds = [regions.kinds[p] if region >= 0 else None for p, region in zip(step_position, region_of)]
         heavy = [regions.heavy[p] for p in step_position]
@@ -218,18 +218,16 @@ def estimate_schedule_peak(schedule: CopySchedule, storages: StorageMap | None =
     return _peak_of(lifetimes, step)[0] if not detail else _peak_of(lifetimes, step)
 
 
-def _step_regions(fused: list[bool], reads: list[list], makes: list[list], outs: list[list], writes: list,
-                  last_read: dict, size: dict, split: bool, prologue_end: int | None = None,
-                  uncut: list[bool] | None = None, backward: list[bool] | None = None) -> list[int]:
+def _step_regions(fused: list[bool], backward: list[bool], reads: list[list], makes: list[list], outs: list[list],
+                  writes: list, last_read: dict, size: dict, split: bool, prologue_end: int | None = None,
+                  uncut: list[bool] | None = None) -> list[int]:
     """The region each step runs in (-1: none): runs of consecutive fused steps of one trace
-    (``backward``: per step, it belongs to the backward; None: all do), each backward run cut where
+    (``backward``: per step, it belongs to the backward), each backward run cut where
     ``solvers.region_cuts`` cuts it (``split``), reading storages as a built region reads names,
     and after ``prologue_end`` (the step of the backward prologue's last copy), as ``pairs.split``
     cuts after the prologue; a run holding a step ``uncut`` marks is not cut, nor is a forward run
     (``pairs.split`` cuts backward regions only)."""
     region_of = [-1] * len(fused)
-    if backward is None:
-        backward = [True] * len(fused)
     region, k = -1, 0
     while k < len(fused):
         if not fused[k]:
