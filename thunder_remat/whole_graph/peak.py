@@ -59,6 +59,13 @@ class RegionModel:
     convolution: tuple[bool, ...] = ()
 
     @property
+    def forward_regions(self) -> bool:
+        """The forward's fused ops form regions too: only where the kernels are modelled (walked
+        as unfused ops, a region's pointwise chain would hold every intermediate its kernel never
+        writes)."""
+        return self.kernels is not None
+
+    @property
     def fuses_any(self) -> bool:
         return any(f and b for f, b in zip(self.fusible, self.backward))
 
@@ -176,9 +183,7 @@ def estimate_schedule_peak(schedule: CopySchedule, storages: StorageMap | None =
 
     fusible = regions.fusible if regions is not None else (False,) * len(bsyms)
     backward = regions.backward if regions is not None else (False,) * len(bsyms)
-    # the forward's regions only where the walk knows the executor's kernels: walked as unfused
-    # ops, a region's pointwise chain would hold every intermediate its kernel never writes
-    forward_fused = regions is not None and regions.kernels is not None
+    forward_fused = regions is not None and regions.forward_regions
     prologue_end = None  # the step of the prologue's last copy
     for position in range(len(bsyms)):
         for k in schedule.before.get(position, ()):
