@@ -83,6 +83,9 @@ def parse_args(argv=None):
     p.add_argument("--peaks", default="",
                    help="comma list of step-peak budgets for thunder_remat alone, as sizes (e.g. 1.2MB,900kB): "
                         "each runs as remat_memory_budget='peak:<size>'")
+    p.add_argument("--auto-peaks", type=int, default=0, metavar="N",
+                   help="also run thunder_remat (each Thunder executor) at N step-peak budgets spaced evenly "
+                        "between the lowest and highest peak it estimated at --budgets (default: 0)")
     p.add_argument("--configs", default=",".join(CONFIGS), help=f"comma list of {list(CONFIGS)} (default: all)")
     p.add_argument("--match-torch", action="store_true",
                    help="also run thunder_remat (each Thunder executor in --configs) with a peak budget equal to "
@@ -101,6 +104,8 @@ def parse_args(argv=None):
                 f"or the zoo: {zoo.zoo_names()}")
     if args.model not in BUILT_IN and not zoo.available(zoo.zoo_model(args.model)):
         p.error(f"--model {args.model!r} needs {zoo.zoo_model(args.model).requires}, which is not installed")
+    if args.auto_peaks < 0:
+        p.error(f"--auto-peaks must be 0 or a positive integer, got {args.auto_peaks}")
     for name in ("layers", "width", "tokens", "batch", "reps", "threads"):
         value = getattr(args, name)
         if value is not None and value < 1:
@@ -208,6 +213,8 @@ class Row:
     budget: str
     peak: int | None = None
     estimate: str = "-"
+    #: the plan's own estimate in bytes (not the ``*`` walk): what a peak budget is compared with
+    estimate_bytes: int | None = None
     saved: int | None = None
     step_ms: float | None = None
     first_ms: float | None = None
@@ -333,6 +340,7 @@ def run_config(work: Workload, config: str, budget: float | None, reference, arg
         plan = thunder_remat.last_save_plan(run)
         if plan is not None and plan.peak_estimate is not None:
             row.estimate = _mb(plan.peak_estimate)
+            row.estimate_bytes = plan.peak_estimate
         elif plan is not None and plan.trace is not None:
             from thunder_remat.plugin import expected_regions
             from thunder_remat.whole_graph.peak import estimate_peak_bytes
@@ -342,12 +350,36 @@ def run_config(work: Workload, config: str, budget: float | None, reference, arg
                 from thunder.executors.torch_compile import torch_compile_ex
 
                 regions = expected_regions(plan.trace, [torch_compile_ex])
-            row.estimate = _mb(estimate_peak_bytes(plan.trace, regions, plan.prologue)) + "*"
+            row.estimate_bytes = estimate_peak_bytes(plan.trace, regions, plan.prologue)
+            row.estimate = _mb(row.estimate_bytes) + "*"
+        if isinstance(budget, str) and row.peak is not None and row.estimate_bytes is not None:
+            from thunder_remat.budget import parse_budget
+
+            limit = parse_budget(budget).amount
+            fits = "fits" if row.estimate_bytes <= limit else "fits no plan"
+            row.note = f"estimate {fits}; measured {100 * (row.peak / limit - 1):+.1f}% of the budget"
         if plan is not None and plan.failure:
             row.note = f"plan failed: {plan.failure}"
         if plan is not None and plan.choice is not None:
             row.recompute = plan.rewritten_cost  # every copy the rewrite made
     return row
+
+
+AUTO_PEAKS = object()  # a place in the plan for --auto-peaks
+
+
+def auto_peaks(rows, config: str, n: int) -> list[str]:
+    """``n`` peak budgets spaced evenly strictly between the lowest and highest estimate that
+    thunder_remat made at the fractions with ``config``'s executor: each lies where some plan
+    fits by the estimate, so the measured peak can be held to it."""
+    _, executor, _, _ = compile_config(config, 1.0)
+    estimates = [r.estimate_bytes for r in rows
+                 if r.system == "thunder_remat" and r.executor == executor and r.estimate_bytes is not None
+                 and not r.budget.startswith("peak:")]
+    if len(set(estimates)) < 2:
+        return []
+    low, high = min(estimates), max(estimates)
+    return [f"peak:{low + (high - low) * k // (n + 1)}B" for k in range(1, n + 1)]
 
 
 def _mb(n) -> str:
@@ -420,12 +452,19 @@ def main(argv=None) -> int:
             plan.extend((config, b) for b in args.budgets)
         else:
             plan.extend([(config, None)] + [(config, b) for b in (*args.budgets, *args.peaks)])
+            if args.auto_peaks:
+                plan.append((config, AUTO_PEAKS))  # replaced by the peaks once the fractions have run
     rows = []
     thunders = [c for c in args.configs if c in ("thunder", "thunder-tc")]
     i = 0
     while i < len(plan):
         config, budget = plan[i]
         i += 1
+        if budget is AUTO_PEAKS:
+            peaks = auto_peaks(rows, config, args.auto_peaks)
+            log.info("%s: peak budgets between its estimates: %s", config, peaks or "none (one estimate)")
+            plan[i:i] = [(config, peak) for peak in peaks]
+            continue
         log.info("[%d/%d] %s%s", i, len(plan), config, "" if budget is None else f" at budget {_label(budget)}")
         try:
             row = run_config(work, config, budget, reference, args, device)
