@@ -219,3 +219,18 @@ class Crossing:
 
 def bytes_crossing(forward, backward) -> Crossing:
     return Crossing(region_crossing_bytes(forward), saved_storage_bytes(forward), region_crossing_bytes(backward))
+
+
+def most_copies_of_a_chained_op(plan) -> int:
+    """The most copies the rewrite of ``plan`` (a ``SavePassResult``) made of one recomputed op that
+    reads another recomputed op's value: the ops ``rewrite.MAX_CHEAP_COPIES`` bounds (an op that
+    reads none is made again at each far use)."""
+    from collections import Counter
+
+    from thunder_remat.whole_graph.rewrite import reads_recomputed
+
+    recomputed = set(plan.choice.plan.recomputed)
+    ops = [op for op in plan.problem.ops if op.index in recomputed]
+    producer = {name: op.index for op in ops for name in op.outputs}
+    chained = reads_recomputed({op.index: op.inputs for op in ops}, producer)
+    return max((n for i, n in Counter(plan.copied_ops).items() if i in chained), default=0)

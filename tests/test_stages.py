@@ -126,6 +126,49 @@ def test_copies_made_for_one_reader_are_all_read_by_it():
                for b, i in zip(landed, schedule.emitted))
 
 
+def test_a_stale_copy_is_made_again_past_the_copy_bound_only_when_it_reads_no_recomputed_value():
+    """With a reuse window, a cheap op whose copy went stale is made again at its next use; one that
+    reads a recomputed value (``b`` reads ``a``) at most ``MAX_CHEAP_COPIES`` times, its latest copy
+    reused after that, so that chains do not grow with the square of their length; one that reads
+    none (``a`` reads only the input) at every far use, since that costs the op alone and frees what
+    holding the copy would keep alive. The rewrite passes the verifier."""
+    from collections import Counter
+
+    import thunder.torch as ltorch
+
+    from builders import joint_trace
+    from thunder_remat.whole_graph.rewrite import MAX_CHEAP_COPIES, reads_recomputed, schedule_copies
+
+    chain = {}
+
+    def forward(x):
+        a = ltorch.exp(x)
+        b = ltorch.sin(a)
+        chain.update(a=a, b=b)
+        return ltorch.mul(b, 2.0)
+
+    uses = MAX_CHEAP_COPIES + 3
+
+    def backward(x, out, g):
+        t = g
+        for _ in range(uses):
+            t = ltorch.mul(ltorch.mul(ltorch.mul(t, chain["a"]), 2.0), 3.0)
+        for _ in range(uses):
+            t = ltorch.mul(ltorch.mul(ltorch.mul(t, chain["b"]), 2.0), 3.0)
+        return (t,)
+
+    trace = joint_trace(forward, backward, [("x", 4, 8)])
+    made = {b.flat_proxy_outs[0].name: i for i, b in enumerate(trace.bound_symbols) if b.flat_proxy_outs}
+    a, b = made[chain["a"].name], made[chain["b"].name]
+    names_read = {a: (trace.bound_symbols[a].flat_proxy_args[0].name,), b: (chain["a"].name,)}
+    assert reads_recomputed(names_read, {chain["a"].name: a, chain["b"].name: b}) == {b}
+    schedule = schedule_copies(trace, [a, b], window=1, cheap=frozenset({a, b}))
+    counts = Counter(schedule.emitted)
+    assert counts[b] == MAX_CHEAP_COPIES
+    assert counts[a] == uses + MAX_CHEAP_COPIES  # each read of ``a``, and each copy of ``b``
+    assert verify(trace, build(schedule)) == []
+
+
 def test_the_backward_prologue_ends_a_region_for_the_estimate_and_the_split_alike():
     """Checkpoints made when the backward starts (``early``) are its prologue: the schedule counts
     them, the rewrite names them, and both the step-peak estimate and ``pairs.split`` cut the

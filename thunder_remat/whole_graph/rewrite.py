@@ -20,12 +20,14 @@ from thunder.core.trace import from_trace, tracectx
 
 from thunder_remat.trace_facts import TraceNames, trace_names
 
-__all__ = ["CopySchedule", "schedule_copies", "build", "prologue_names", "MAX_CHEAP_COPIES"]
+__all__ = ["CopySchedule", "schedule_copies", "build", "prologue_names", "reads_recomputed", "MAX_CHEAP_COPIES"]
 
 
-#: a cheap op is copied at most this many times: then its latest copy is reused, however stale.
-#: Without a bound, each far use of the end of a chain of cheap ops (the residual stream at
-#: budget 0.0) recomputes the whole chain again, copies growing with the square of the depth.
+#: a cheap op that reads a recomputed value is copied at most this many times: then its latest
+#: copy is reused, however stale. Without a bound, each far use of the end of a chain of cheap ops
+#: (the residual stream at budget 0.0) recomputes the whole chain again, copies growing with the
+#: square of the depth. An op that reads no recomputed value (an embedding lookup) is no chain:
+#: a copy of it costs the op alone, so it is made again at every far use instead of held.
 MAX_CHEAP_COPIES = 4
 
 
@@ -83,7 +85,8 @@ def schedule_copies(trace, recomputed_indices, *, window: int | None = None, che
     again where it is next needed, from copies of its inputs (again recomputing the cheap ones
     that went stale). The stale copy is then freed after its last read instead of living until the
     far use, which bounds how much recomputed data a long backward holds; after
-    ``max_cheap_copies`` copies of one op its latest is reused. Other ops (matmuls) are
+    ``max_cheap_copies`` copies of an op that reads a recomputed value its latest is reused (an
+    op that reads none is made again at each far use: one op, no chain). Other ops (matmuls) are
     copied once, except ``segments`` ops: a stale copy of one made only to compute a checkpoint
     op is made again near its next use, and that copy is kept. So the backward first recomputes
     the checkpoints, holding only them, then each segment from its checkpoints where it is needed
@@ -95,7 +98,8 @@ def schedule_copies(trace, recomputed_indices, *, window: int | None = None, che
     checkpointing; with more, each level is recomputed from the one before only where it is
     first needed, as if the outer level had been saved by the forward.
 
-    So no op is copied more than ``max(max_cheap_copies, len(checkpoints) + 1)`` times.
+    So no op that reads a recomputed value is copied more than ``max(max_cheap_copies,
+    len(checkpoints) + 1)`` times, and no other more than once per reader.
     ``early``: the outermost level is made, in forward order, when the backward starts (placed
     before its first reader; the reuse window counts from the first reader of a recomputed value),
     where the backward holds least (what it takes to make them is freed before the backward's own
@@ -136,6 +140,7 @@ class _CopyScheduler:
         self.producer_index = {p.name: i for i, b in recompute.items() for p in b.flat_proxy_outs}
         self.reads_of = {i: self.names.reads[i] for i in recompute}
         self.pinned, self.first_readers = _write_groups(recompute, self.reads_of, self.names)
+        self.chained = reads_recomputed(self.reads_of, self.producer_index)
         self.level: dict[int, int] = {}  # checkpoint op -> its level (1: outermost)
         for depth, ops in enumerate(checkpoints, start=1):
             for i in ops:
@@ -178,7 +183,7 @@ class _CopyScheduler:
         if self.window is None or pos - latest.last_read <= self.window or i in self.pinned:
             return True
         if i in self.cheap:
-            return self.made[i] >= self.max_cheap_copies
+            return i in self.chained and self.made[i] >= self.max_cheap_copies
         if i in self.level or i in self.segments:  # stale and made for an outer level: make it again
             return latest.made_for >= self.level.get(i, self.beyond)
         return True  # a collective (ZeRO-3 re-gather): never issued twice
@@ -206,6 +211,12 @@ class _CopyScheduler:
         self.made[i] = self.made.get(i, 0) + 1
         self.latest[i] = _LatestCopy(copy, pos, made_for)
         return copy
+
+
+def reads_recomputed(reads_of: dict, producer_index: dict) -> frozenset[int]:
+    """The recomputed ops (``reads_of``: op -> names it reads) that read a value another recomputed
+    op makes (``producer_index``: name -> op): copying one again copies a chain."""
+    return frozenset(i for i, reads in reads_of.items() if any(producer_index.get(n, i) != i for n in reads))
 
 
 def _write_groups(recompute: dict, reads_of: dict, names: TraceNames) -> tuple[set[int], dict[int, list[int]]]:
