@@ -323,3 +323,30 @@ def test_a_concatenation_in_a_kept_order_region_peaks_no_higher_than_estimated()
     estimate = thunder_remat.last_save_plan(jm).peak_estimate
     assert peak <= estimate, (peak, estimate)
 
+
+@pytest.mark.inductor
+@_needs(PYTHIA)
+def test_the_rewrite_is_chosen_after_each_candidate_runs_its_backward_in_its_own_order():
+    """The checkpoint search compares candidates in the trace's backward order; the backward is
+    then reordered. pythia at 0.15 (64 tokens x 4, torch.compile regions): holding the rewrite
+    above is estimated lowest before the reorder, but the rewrite without checkpoints, reordered,
+    is lower still, and is the one built; its estimate is the walk of the trace built."""
+    import thunder
+    import torch
+    from thunder.executors.torch_compile import torch_compile_ex
+
+    from model_zoo import ZooShape
+    from thunder_remat.plugin import expected_regions
+    from thunder_remat.whole_graph.peak import estimate_peak_bytes
+
+    entry = zoo_model(PYTHIA)
+    shape = ZooShape(batch=4, tokens=64, width=64, layers=2)
+    torch.manual_seed(0)
+    model = entry.build(shape)
+    jm = thunder.jit(model, executors=[torch_compile_ex], remat=True, remat_memory_budget=0.15)
+    jm(**entry.inputs(shape, torch.Generator().manual_seed(1)))
+    plan = thunder_remat.last_save_plan(jm)
+    assert plan.checkpoint_ops == () and plan.backward_order != "trace"
+    assert plan.peak_estimate < min(plan.anchor_estimates.values()) < plan.peak_estimate_without_checkpoints
+    regions = expected_regions(plan.trace, [torch_compile_ex])
+    assert estimate_peak_bytes(plan.trace, regions, plan.prologue) == plan.peak_estimate

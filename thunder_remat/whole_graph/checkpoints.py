@@ -51,6 +51,9 @@ class CheckpointChoice:
     anchor_estimates: dict = field(default_factory=dict)
     #: "auto" only: (anchor fraction, anchor plan) per level, so a plan that saves less can hold them
     anchors: tuple = ()
+    #: "auto" only: the rewrite without checkpoints when checkpoints were chosen, so that the two
+    #: can be compared again once the backward of each runs in its own lowest-peak order
+    alternatives: tuple[CheckpointChoice, ...] = ()
 
 
 def anchor_fractions(setting) -> tuple[float, ...]:
@@ -176,7 +179,8 @@ def checkpointed_schedule(trace, problem: SaveProblem, choice: BudgetChoice, *, 
         return CheckpointChoice(plain, (), plain_peak, plain_peak, candidates.estimates)
     levels = tuple((fraction, ops) for fraction, ops, _ in best.levels)
     anchors = tuple((fraction, anchor) for fraction, _, anchor in best.levels)
-    return CheckpointChoice(best.schedule, levels, best.peak, plain_peak, candidates.estimates, anchors)
+    without = CheckpointChoice(plain, (), plain_peak, plain_peak, candidates.estimates)
+    return CheckpointChoice(best.schedule, levels, best.peak, plain_peak, candidates.estimates, anchors, (without,))
 
 
 @dataclass

@@ -226,18 +226,32 @@ def plan_saved_values(trace, config, *, zero3: bool = False, fusible=None, kerne
                                                 regions=regions)
         result.choice = choice
         result.reasons = plan_reasons(problem, choice.plan)
+        reorder = config.reorder_backward and not regather
+        rewrite = None
+        for option in (checkpoints, *(checkpoints.alternatives if reorder else ())):
+            with timings.stage("rewrite"):
+                new = build(option.schedule)
+                prologue = prologue_names(option.schedule, new)
+                if regather:
+                    new = prefetch_regathers(new, config.fsdp_prefetch, option.schedule.copy_positions())
+            ordered = _Ordered(new, None, "trace")
+            if reorder:
+                with timings.stage("estimate"):
+                    ordered = _lowest_peak_order(new, prologue, fusible, kernels, config.split_regions)
+            # the search's pick, unless an alternative is estimated lower once each runs in its order
+            if rewrite is None or (ordered.peak is not None and rewrite[1].peak is not None
+                                   and ordered.peak < rewrite[1].peak):
+                rewrite = (option, ordered, prologue)
+        checkpoints, ordered, prologue = rewrite
+        new, result.backward_order = ordered.trace, ordered.order
         _record_checkpoints(result, checkpoints)
         if peak_budget:
-            result.peak_estimate = picked.peak
+            result.peak_estimate = picked.peak if checkpoints is picked.checkpoints else checkpoints.peak_estimate
+        if result.backward_order != "trace":
+            log.debug("backward run in the %r order: est. step peak %d B", result.backward_order, ordered.peak)
+            if result.peak_estimate is not None:
+                result.peak_estimate = ordered.peak
         result.copied_ops = tuple(checkpoints.schedule.emitted)
-        with timings.stage("rewrite"):
-            new = build(checkpoints.schedule)
-            prologue = prologue_names(checkpoints.schedule, new)
-            if regather:
-                new = prefetch_regathers(new, config.fsdp_prefetch, checkpoints.schedule.copy_positions())
-        if config.reorder_backward and not regather:
-            with timings.stage("estimate"):
-                new = _lowest_peak_order(result, new, prologue, fusible, kernels, config.split_regions)
         with timings.stage("rewrite"):
             replayed = {op.op for op in problem.ops if op.force_recompute} if regather else set()
             if config.verify and not kept_if_verified(result, trace, new, "whole-graph rewrite",
@@ -277,9 +291,19 @@ def plan_saved_values(trace, config, *, zero3: bool = False, fusible=None, kerne
     return result
 
 
-def _lowest_peak_order(result: SavePassResult, trace, prologue, fusible, kernels, split: bool):
-    """``trace`` with its backward in the order of lowest estimated step peak (recorded in
-    ``result``); each order's regions are predicted from that order.
+@dataclass(frozen=True)
+class _Ordered:
+    """A rewrite with its backward in the order chosen for it: the order's name
+    (``whole_graph.reorder.ORDERS`` or "trace") and its estimated step peak (None: not estimated)."""
+
+    trace: object
+    peak: int | None
+    order: str
+
+
+def _lowest_peak_order(trace, prologue, fusible, kernels, split: bool) -> _Ordered:
+    """``trace`` with its backward in the order of lowest estimated step peak; each order's regions
+    are predicted from that order.
 
     Only where the estimate knows how the backward's regions hold memory: without backward fusion
     regions, or with an executor whose kernels it models (``kernels``, torch.compile's Inductor,
@@ -290,7 +314,7 @@ def _lowest_peak_order(result: SavePassResult, trace, prologue, fusible, kernels
     docs/whole-graph.md)."""
     own_regions = predict_regions(trace, fusible, split, kernels) if fusible is not None else None
     if own_regions is not None and own_regions.fuses_any and (kernels is None or any(own_regions.convolution)):
-        return trace
+        return _Ordered(trace, None, "trace")
 
     def estimate(candidate) -> int:
         if candidate is trace:
@@ -299,12 +323,7 @@ def _lowest_peak_order(result: SavePassResult, trace, prologue, fusible, kernels
             regions = predict_regions(candidate, fusible, split, kernels) if fusible is not None else None
         return estimate_peak_bytes(candidate, regions, prologue)
 
-    new, peak, result.backward_order = lowest_peak_order(trace, estimate, prologue)
-    if result.backward_order != "trace":
-        log.debug("backward run in the %r order: est. step peak %d B", result.backward_order, peak)
-        if result.peak_estimate is not None:
-            result.peak_estimate = peak
-    return new
+    return _Ordered(*lowest_peak_order(trace, estimate, prologue))
 
 
 def _ask_ceiling(trace, problem: SaveProblem, fusible, ceiling) -> int | None:
