@@ -230,10 +230,13 @@ def test_where_thunder_alone_recomputes_convolutions_the_fastest_budget_saves_no
     """With a fusion executor whose regions take convolutions, Thunder's own pass recomputes them in
     the backward and saves less than the fastest plan: budget 1.0 is then the fastest plan saving no
     more than Thunder alone (the fraction scale capped at its figure), measured, and lower budgets
-    fall from there; a peak budget every plan fits takes that same plan, not the fastest; gradients
-    equal Thunder alone's."""
+    fall from there; a peak budget every plan fits takes that same plan, not the fastest, and warns
+    that the estimate does not model the executor's kernels; gradients equal Thunder alone's."""
+    import contextlib
+
     from thunder_remat.executors.eager import eager_fusion_ex
     from thunder_remat.inspect.measure import saved_for_backward
+    from thunder_remat.whole_graph.run import UnmodelledPeakWarning
 
     runs = {}
     for name, options in (("alone", {}), (1.0, {"remat": True}), (0.5, {"remat": True, "remat_memory_budget": 0.5}),
@@ -241,7 +244,10 @@ def test_where_thunder_alone_recomputes_convolutions_the_fastest_budget_saves_no
         torch.manual_seed(0)
         model, x = TinyCNN(), torch.randn(2, 3, 8, 8)
         jm = thunder.jit(model, executors=[eager_fusion_ex], **options)
-        out, saved = saved_for_backward(jm, x)
+        # a peak budget with regions whose kernels the estimate does not model says so
+        with (pytest.warns(UnmodelledPeakWarning, match="does not model the fusion executor's kernels")
+              if name == "peak" else contextlib.nullcontext()):
+            out, saved = saved_for_backward(jm, x)
         out.pow(2).sum().backward()
         runs[name] = (jm, saved.activation_bytes, [p.grad for p in model.parameters()])
     plan = thunder_remat.last_save_plan(runs[1.0][0])
@@ -258,3 +264,29 @@ def test_where_thunder_alone_recomputes_convolutions_the_fastest_budget_saves_no
     for budget in (1.0, 0.5, "peak"):
         for got, want in zip(runs[budget][2], runs["alone"][2]):
             torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-4)
+
+
+@pytest.mark.jit
+def test_a_peak_budget_warns_where_inductor_regions_run_a_convolution():
+    """With Inductor's kernel model the estimate still does not see what its CPU convolutions hold
+    (oneDNN): a peak budget says so when a predicted region runs one; a fraction budget, or the
+    same budget with no region running a convolution, or without fusion regions, does not."""
+    import warnings
+
+    from helpers import joint_trace
+    from thunder_remat.config import RematConfig
+    from thunder_remat.fusion_regions import KernelModel, runs_convolution
+    from thunder_remat.whole_graph.run import UnmodelledPeakWarning, plan_saved_values
+
+    torch.manual_seed(0)
+    trace, _ = joint_trace(TinyCNN(), (torch.randn(2, 3, 8, 8),))
+    inductor = KernelModel(reads_threshold=4, accumulated_reads_threshold=8, uncut_convolution_regions=True)
+    everything = lambda bsym: True  # noqa: E731
+    no_convolution = lambda bsym: not runs_convolution(bsym)  # noqa: E731
+    with pytest.warns(UnmodelledPeakWarning, match="the memory of convolutions in its regions"):
+        plan_saved_values(trace, RematConfig(memory_budget="peak:1GiB"), fusible=everything, kernels=inductor)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UnmodelledPeakWarning)
+        plan_saved_values(trace, RematConfig(memory_budget=0.5), fusible=everything, kernels=inductor)
+        plan_saved_values(trace, RematConfig(memory_budget="peak:1GiB"), fusible=no_convolution, kernels=inductor)
+        plan_saved_values(trace, RematConfig(memory_budget="peak:1GiB"))  # no fusion regions
