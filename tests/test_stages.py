@@ -126,12 +126,13 @@ def test_copies_made_for_one_reader_are_all_read_by_it():
                for b, i in zip(landed, schedule.emitted))
 
 
-def test_a_stale_copy_is_made_again_past_the_copy_bound_only_when_it_reads_no_recomputed_value():
+def test_a_stale_copy_is_made_again_past_the_copy_bound_only_when_unbounded_and_reading_no_recomputed_value():
     """With a reuse window, a cheap op whose copy went stale is made again at its next use; one that
     reads a recomputed value (``b`` reads ``a``) at most ``MAX_CHEAP_COPIES`` times, its latest copy
-    reused after that, so that chains do not grow with the square of their length; one that reads
-    none (``a`` reads only the input) at every far use, since that costs the op alone and frees what
-    holding the copy would keep alive. The rewrite passes the verifier."""
+    reused after that, so that chains do not grow with the square of their length, even when the
+    caller lets it go ``unbounded``; one that reads none (``a`` reads only the input) and is
+    ``unbounded`` at every far use, since that costs the op alone and frees what holding the copy
+    would keep alive. The rewrite passes the verifier."""
     from collections import Counter
 
     import thunder.torch as ltorch
@@ -162,7 +163,7 @@ def test_a_stale_copy_is_made_again_past_the_copy_bound_only_when_it_reads_no_re
     a, b = made[chain["a"].name], made[chain["b"].name]
     names_read = {a: (trace.bound_symbols[a].flat_proxy_args[0].name,), b: (chain["a"].name,)}
     assert reads_recomputed(names_read, {chain["a"].name: a, chain["b"].name: b}) == {b}
-    schedule = schedule_copies(trace, [a, b], window=1, cheap=frozenset({a, b}))
+    schedule = schedule_copies(trace, [a, b], window=1, cheap=frozenset({a, b}), unbounded=frozenset({a, b}))
     counts = Counter(schedule.emitted)
     assert counts[b] == MAX_CHEAP_COPIES
     assert counts[a] == uses + MAX_CHEAP_COPIES  # each read of ``a``, and each copy of ``b``

@@ -26,8 +26,9 @@ __all__ = ["CopySchedule", "schedule_copies", "build", "prologue_names", "reads_
 #: a cheap op that reads a recomputed value is copied at most this many times: then its latest
 #: copy is reused, however stale. Without a bound, each far use of the end of a chain of cheap ops
 #: (the residual stream at budget 0.0) recomputes the whole chain again, copies growing with the
-#: square of the depth. An op that reads no recomputed value (an embedding lookup) is no chain:
-#: a copy of it costs the op alone, so it is made again at every far use instead of held.
+#: square of the depth. An op that reads no recomputed value is no chain: a copy costs the op alone,
+#: so one that makes storage of its own (an embedding lookup) may be made again at every far use
+#: instead of held (``schedule_copies``' ``unbounded``).
 MAX_CHEAP_COPIES = 4
 
 
@@ -76,7 +77,8 @@ class CopySchedule:
 
 def schedule_copies(trace, recomputed_indices, *, window: int | None = None, cheap=frozenset(), checkpoints=(),
                     segments=frozenset(), max_cheap_copies: int = MAX_CHEAP_COPIES,
-                    names: TraceNames | None = None, early: bool = False) -> CopySchedule:
+                    names: TraceNames | None = None, early: bool = False,
+                    unbounded=frozenset()) -> CopySchedule:
     """Where the backward recomputes the forward bsyms at ``recomputed_indices``.
 
     Each op is copied at the first backward use of its outputs and the copy is reused after that,
@@ -85,8 +87,8 @@ def schedule_copies(trace, recomputed_indices, *, window: int | None = None, che
     again where it is next needed, from copies of its inputs (again recomputing the cheap ones
     that went stale). The stale copy is then freed after its last read instead of living until the
     far use, which bounds how much recomputed data a long backward holds; after
-    ``max_cheap_copies`` copies of an op that reads a recomputed value its latest is reused (an
-    op that reads none is made again at each far use: one op, no chain). Other ops (matmuls) are
+    ``max_cheap_copies`` copies of one op its latest is reused, except for ``unbounded`` ops that
+    read no recomputed value: made again at every far use (one op, no chain). Other ops (matmuls) are
     copied once, except ``segments`` ops: a stale copy of one made only to compute a checkpoint
     op is made again near its next use, and that copy is kept. So the backward first recomputes
     the checkpoints, holding only them, then each segment from its checkpoints where it is needed
@@ -99,7 +101,7 @@ def schedule_copies(trace, recomputed_indices, *, window: int | None = None, che
     first needed, as if the outer level had been saved by the forward.
 
     So no op that reads a recomputed value is copied more than ``max(max_cheap_copies,
-    len(checkpoints) + 1)`` times, and no other more than once per reader.
+    len(checkpoints) + 1)`` times, and no other more than once per backward reader.
     ``early``: the outermost level is made, in forward order, when the backward starts (placed
     before its first reader; the reuse window counts from the first reader of a recomputed value),
     where the backward holds least (what it takes to make them is freed before the backward's own
@@ -110,7 +112,7 @@ def schedule_copies(trace, recomputed_indices, *, window: int | None = None, che
     if not recomputed_indices:
         return schedule
     scheduler = _CopyScheduler(schedule, recomputed_indices, window=window, cheap=cheap, checkpoints=checkpoints,
-                               segments=segments, max_cheap_copies=max_cheap_copies)
+                               segments=segments, max_cheap_copies=max_cheap_copies, unbounded=unbounded)
     scheduler.run(early)
     return schedule
 
@@ -131,7 +133,7 @@ class _CopyScheduler:
     """Fills one ``CopySchedule`` (see ``schedule_copies`` for the rules)."""
 
     def __init__(self, schedule: CopySchedule, recomputed_indices, *, window, cheap, checkpoints, segments,
-                 max_cheap_copies: int) -> None:
+                 max_cheap_copies: int, unbounded) -> None:
         trace = schedule.trace
         self.schedule, self.window, self.cheap = schedule, window, cheap
         self.segments, self.max_cheap_copies, self.checkpoints = segments, max_cheap_copies, checkpoints
@@ -140,7 +142,7 @@ class _CopyScheduler:
         self.producer_index = {p.name: i for i, b in recompute.items() for p in b.flat_proxy_outs}
         self.reads_of = {i: self.names.reads[i] for i in recompute}
         self.pinned, self.first_readers = _write_groups(recompute, self.reads_of, self.names)
-        self.chained = reads_recomputed(self.reads_of, self.producer_index)
+        self.unbounded = unbounded - reads_recomputed(self.reads_of, self.producer_index)
         self.level: dict[int, int] = {}  # checkpoint op -> its level (1: outermost)
         for depth, ops in enumerate(checkpoints, start=1):
             for i in ops:
@@ -183,7 +185,7 @@ class _CopyScheduler:
         if self.window is None or pos - latest.last_read <= self.window or i in self.pinned:
             return True
         if i in self.cheap:
-            return i in self.chained and self.made[i] >= self.max_cheap_copies
+            return i not in self.unbounded and self.made[i] >= self.max_cheap_copies
         if i in self.level or i in self.segments:  # stale and made for an outer level: make it again
             return latest.made_for >= self.level.get(i, self.beyond)
         return True  # a collective (ZeRO-3 re-gather): never issued twice
