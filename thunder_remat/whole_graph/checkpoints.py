@@ -21,7 +21,7 @@ from thunder_remat.trace_facts import forward_storages
 from thunder_remat.whole_graph.peak import estimate_schedule_peak
 from thunder_remat.whole_graph.planner import BudgetChoice
 from thunder_remat.whole_graph.problem import SaveProblem
-from thunder_remat.whole_graph.rewrite import CopySchedule, reads_recomputed, schedule_copies
+from thunder_remat.whole_graph.rewrite import CopySchedule, schedule_copies
 
 __all__ = ["AUTO_ANCHORS", "AUTO_MIN_GAIN", "AUTO_TIE", "Candidate", "CheckpointChoice", "anchor_fractions",
            "backward_checkpoints", "choose_anchor", "copy_schedule", "checkpointed_schedule"]
@@ -118,12 +118,9 @@ def copy_schedule(trace, problem: SaveProblem, plan, window, checkpoints=(), nam
     recomputed = set(plan.recomputed)
     segments = frozenset(op.index for op in problem.ops if op.index in recomputed and not op.collective
                          and op.index not in held and op.index not in cheap)
-    # a cheap op that reads no recomputed value and makes storage of its own: made again at every
-    # far use (one op, no chain) rather than held; a view holds no more than what it views
-    ops = [op for op in problem.ops if op.index in cheap and op.index in recomputed]
-    chained = reads_recomputed({op.index: op.inputs for op in ops},
-                               {out: op.index for op in problem.ops if op.index in recomputed for out in op.outputs})
-    unbounded = frozenset(op.index for op in ops if op.index not in chained
+    # a cheap op that makes storage of its own may be made again at every far use rather than held,
+    # if it reads no recomputed value (``schedule_copies``); a view holds no more than what it views
+    unbounded = frozenset(op.index for op in problem.ops if op.index in cheap and op.index in recomputed
                           and any(problem.values[out].owner == out for out in op.outputs if out in problem.values))
     return schedule_copies(trace, plan.recomputed, window=window, cheap=cheap, checkpoints=checkpoints,
                            segments=segments, names=names, early=early, unbounded=unbounded)
