@@ -11,7 +11,8 @@ PyTorch (allclose, ``--atol``/``--rtol``). Configurations:
 
 * ``eager``: plain PyTorch;
 * ``checkpoint``: eager with ``torch.utils.checkpoint`` (non-reentrant) around every block (the
-  built-in models' ``blocks``, litgpt's ``transformer.h``, transformers' ``layers``/``layer``/``h``);
+  built-in models' ``blocks``, litgpt's ``transformer.h``, transformers' ``layers``/``layer``/``h``/``block``,
+  an encoder-decoder's two stacks);
 * ``inductor`` / ``aot_eager``: ``torch.compile(backend=...)`` with
   ``torch._functorch.config.activation_memory_budget`` at each ``--budgets`` fraction;
 * ``thunder``: ``thunder.jit`` with Thunder's default executors (no fusion on CPU), without and
@@ -61,8 +62,9 @@ BUDGETS = (1.0, 0.5, 0.15, 0.05, 0.0)
 CONFIGS = ("eager", "checkpoint", "inductor", "aot_eager", "thunder", "thunder-tc")
 BUILT_IN = ("mlp", "gpt", "llama")
 ALIASES = {"litgpt-llama": "litgpt Llama-3.2-1B"}
-#: attribute paths where a model keeps its repeated blocks (first match wins)
-BLOCK_PATHS = ("blocks", "transformer.h", "model.layers", "layers", "encoder.layer", "transformer.layers", "h")
+#: attribute paths where a model keeps its repeated blocks (every match counts: T5 has two stacks)
+BLOCK_PATHS = ("blocks", "transformer.h", "model.layers", "layers", "encoder.layer", "transformer.layers", "h",
+               "transformer.layer", "encoder.block", "decoder.block", "model.encoder.block", "model.decoder.block")
 
 
 def parse_args(argv=None):
@@ -175,18 +177,19 @@ def workload(args) -> Workload:
 
 
 def find_blocks(model):
-    """The ModuleList of the model's repeated blocks, or None."""
+    """The model's repeated blocks (of every ``BLOCK_PATHS`` list it has), or None."""
     from torch import nn
 
+    blocks = {}
     for path in BLOCK_PATHS:
         node = model
         for part in path.split("."):
             node = getattr(node, part, None)
             if node is None:
                 break
-        if isinstance(node, nn.ModuleList) and len(node):
-            return node
-    return None
+        if isinstance(node, nn.ModuleList):
+            blocks.update((id(block), block) for block in node)
+    return list(blocks.values()) or None
 
 
 def checkpoint_blocks(model) -> int:
