@@ -216,7 +216,7 @@ class Row:
     budget: str
     peak: int | None = None
     estimate: str = "-"
-    #: the plan's own estimate in bytes (not the ``*`` walk): what a peak budget is compared with
+    #: ``estimate`` in bytes (the plan's, or the ``*`` walk): what ``--auto-peaks`` spaces budgets by
     estimate_bytes: int | None = None
     saved: int | None = None
     step_ms: float | None = None

@@ -69,6 +69,12 @@ class RegionModel:
     def fuses_any(self) -> bool:
         return any(f and b for f, b in zip(self.fusible, self.backward))
 
+    @property
+    def memory_modelled(self) -> bool:
+        """The estimate knows how the backward's regions hold memory: there are none, or the
+        executor's kernels are modelled and no region runs a convolution (oneDNN's buffers)."""
+        return not self.fuses_any or (self.kernels is not None and not any(self.convolution))
+
 
 def predict_regions(trace, fusible, split: bool = True, kernels: KernelModel | None = None) -> RegionModel:
     """The ``RegionModel`` of a joint trace: ``fusible`` is the fusion executor's ``can_fuse``

@@ -292,7 +292,7 @@ def plan_saved_values(trace, config, *, zero3: bool = False, fusible=None, kerne
             BudgetInfeasibleWarning,
             stacklevel=2,
         )
-    if peak_budget and regions is not None and regions.fuses_any and (kernels is None or any(regions.convolution)):
+    if peak_budget and regions is not None and not regions.memory_modelled:
         unmodelled = ("the fusion executor's kernels (its regions are taken to hold what they read until they "
                       "return)" if kernels is None else
                       "the memory of convolutions in its regions (oneDNN scratch buffers and layout conversions; "
@@ -329,7 +329,7 @@ def _lowest_peak_order(trace, prologue, fusible, kernels, split: bool) -> _Order
     crossing between regions; zoo ResNet with Inductor: 4.8% more measured peak;
     docs/whole-graph.md)."""
     own_regions = predict_regions(trace, fusible, split, kernels) if fusible is not None else None
-    if own_regions is not None and own_regions.fuses_any and (kernels is None or any(own_regions.convolution)):
+    if own_regions is not None and not own_regions.memory_modelled:
         return _Ordered(trace, None, "trace")
 
     def estimate(candidate) -> int:
