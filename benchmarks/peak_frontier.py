@@ -18,7 +18,11 @@ PyTorch (allclose, ``--atol``/``--rtol``). Configurations:
 * ``thunder``: ``thunder.jit`` with Thunder's default executors (no fusion on CPU), without and
   with thunder_remat (``remat=True, remat_memory_budget=b``);
 * ``thunder-tc``: the same with ``executors=[torch_compile_ex]`` (Thunder's torch.compile
-  executor: fusion regions compiled by Inductor).
+  executor: fusion regions compiled by Inductor);
+* ``thunder-attn`` / ``thunder-tc-attn`` (not run unless named): the two above with
+  ``thunder_remat.executors.cpu_attention`` first, so attention runs as one op with PyTorch's CPU
+  flash kernels and its backward reads the output and log-sum-exp, not the probabilities, as
+  eager PyTorch and Thunder's sdpa executor on GPU do (Thunder 0.2.6 decomposes attention on CPU).
 
 Also reported: the activation bytes the forward saves for backward (saved_tensors_hooks, storages
 not shared with inputs or parameters), the estimated flops of what the backward recomputes (one
@@ -60,6 +64,8 @@ log = logging.getLogger("peak_frontier")
 
 BUDGETS = (1.0, 0.5, 0.15, 0.05, 0.0)
 CONFIGS = ("eager", "checkpoint", "inductor", "aot_eager", "thunder", "thunder-tc")
+#: every configuration that runs thunder.jit (with and without thunder_remat); the "-attn" ones run only when named
+THUNDER_CONFIGS = ("thunder", "thunder-tc", "thunder-attn", "thunder-tc-attn")
 BUILT_IN = ("mlp", "gpt", "llama")
 ALIASES = {"litgpt-llama": "litgpt Llama-3.2-1B"}
 #: attribute paths where a model keeps its repeated blocks (every match counts: T5 has two stacks)
@@ -88,7 +94,7 @@ def parse_args(argv=None):
     p.add_argument("--auto-peaks", type=int, default=0, metavar="N",
                    help="also run thunder_remat (each Thunder executor) at N step-peak budgets spaced evenly "
                         "between the lowest and highest peak it estimated at --budgets (default: 0)")
-    p.add_argument("--configs", default=",".join(CONFIGS), help=f"comma list of {list(CONFIGS)} (default: all)")
+    p.add_argument("--configs", default=",".join(CONFIGS), help=f"comma list of {list(CONFIGS)} (default: all) or {list(THUNDER_CONFIGS[2:])}")
     p.add_argument("--match-torch", action="store_true",
                    help="also run thunder_remat (each Thunder executor in --configs) with a peak budget equal to "
                         "each peak torch.compile (inductor) measured: the recompute it needs for the same peak")
@@ -127,9 +133,9 @@ def parse_args(argv=None):
         except ValueError as exc:
             p.error(f"--peaks: {exc}")
     args.configs = [c.strip() for c in args.configs.split(",") if c.strip()]
-    bad = [c for c in args.configs if c not in CONFIGS]
+    bad = [c for c in args.configs if c not in CONFIGS + THUNDER_CONFIGS]
     if bad or not args.configs:
-        p.error(f"unknown --configs {bad}; choose from {list(CONFIGS)}")
+        p.error(f"unknown --configs {bad}; choose from {list(dict.fromkeys(CONFIGS + THUNDER_CONFIGS))}")
     return args
 
 
@@ -247,12 +253,8 @@ def compile_config(config: str, budget: float | None):
         return "torch.compile", config, f"{budget:g}", wrap
     import thunder
 
-    executors = None
-    if config == "thunder-tc":
-        from thunder.executors.torch_compile import torch_compile_ex
-
-        executors = [torch_compile_ex]
-    name = "torch.compile ex" if executors else "default"
+    executors = thunder_executors(config)
+    name = ("torch.compile ex" if "tc" in config.split("-") else "default") + (" + attn" if config.endswith("-attn") else "")
     options = {} if budget is None else {"remat": True, "remat_memory_budget": budget}
     system = "Thunder" if budget is None else "thunder_remat"
 
@@ -260,6 +262,22 @@ def compile_config(config: str, budget: float | None):
         return thunder.jit(m, executors=executors, **options) if executors else thunder.jit(m, **options)
 
     return system, name, _label(budget), wrap
+
+
+def thunder_executors(config: str):
+    """The executors a Thunder configuration passes to ``thunder.jit`` (``None``: Thunder's defaults)."""
+    import thunder
+
+    executors = None
+    if "tc" in config.split("-"):
+        from thunder.executors.torch_compile import torch_compile_ex
+
+        executors = [torch_compile_ex]
+    if config.endswith("-attn"):
+        from thunder_remat.executors.cpu_attention import cpu_attention_ex
+
+        executors = [cpu_attention_ex, *(executors or thunder.get_default_executors())]
+    return executors
 
 
 def _label(budget) -> str:
@@ -348,11 +366,8 @@ def run_config(work: Workload, config: str, budget: float | None, reference, arg
             from thunder_remat.plugin import expected_regions
             from thunder_remat.whole_graph.peak import estimate_peak_bytes
 
-            regions = None
-            if config == "thunder-tc":
-                from thunder.executors.torch_compile import torch_compile_ex
-
-                regions = expected_regions(plan.trace, [torch_compile_ex])
+            executors = thunder_executors(config)
+            regions = expected_regions(plan.trace, executors) if "tc" in config.split("-") else None
             row.estimate_bytes = estimate_peak_bytes(plan.trace, regions, plan.prologue)
             row.estimate = _mb(row.estimate_bytes) + "*"
         if isinstance(budget, str) and row.peak is not None and row.estimate_bytes is not None:
@@ -458,7 +473,7 @@ def main(argv=None) -> int:
             if args.auto_peaks:
                 plan.append((config, AUTO_PEAKS))  # replaced by the peaks once the fractions have run
     rows = []
-    thunders = [c for c in args.configs if c in ("thunder", "thunder-tc")]
+    thunders = [c for c in args.configs if c in THUNDER_CONFIGS]
     i = 0
     while i < len(plan):
         config, budget = plan[i]
