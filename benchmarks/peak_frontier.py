@@ -254,7 +254,7 @@ def compile_config(config: str, budget: float | None):
     import thunder
 
     executors = thunder_executors(config)
-    name = ("torch.compile ex" if "tc" in config.split("-") else "default") + (" + attn" if config.endswith("-attn") else "")
+    name = executor_label(config)
     options = {} if budget is None else {"remat": True, "remat_memory_budget": budget}
     system = "Thunder" if budget is None else "thunder_remat"
 
@@ -262,6 +262,11 @@ def compile_config(config: str, budget: float | None):
         return thunder.jit(m, executors=executors, **options) if executors else thunder.jit(m, **options)
 
     return system, name, _label(budget), wrap
+
+
+def executor_label(config: str) -> str:
+    """How the table names a Thunder configuration's executors."""
+    return ("torch.compile ex" if "tc" in config.split("-") else "default") + (" + attn" if config.endswith("-attn") else "")
 
 
 def thunder_executors(config: str):
@@ -390,7 +395,7 @@ def auto_peaks(rows, config: str, n: int) -> list[str]:
     """``n`` peak budgets spaced evenly strictly between the lowest and highest estimate that
     thunder_remat made at the fractions with ``config``'s executor: each lies where some plan
     fits by the estimate, so the measured peak can be held to it."""
-    _, executor, _, _ = compile_config(config, 1.0)
+    executor = executor_label(config)
     estimates = [r.estimate_bytes for r in rows
                  if r.system == "thunder_remat" and r.executor == executor and r.estimate_bytes is not None
                  and not r.budget.startswith("peak:")]
