@@ -6,8 +6,9 @@ it decomposes attention into matmul, softmax and matmul, whose backward reads th
 ``q @ k^T``. PyTorch's CPU flash-attention kernels (``aten._scaled_dot_product_flash_attention_for_cpu``
 and its backward) need only the output and a (batch x heads x queries) log-sum-exp, as Thunder's
 sdpa executor does on GPU. Put ``cpu_attention_ex`` before the other executors to run attention
-that way on CPU; it claims only what those kernels support (4-D float inputs, no mask, no dropout)
-and leaves everything else to Thunder.
+that way on CPU; it claims only what those kernels compute like the decomposition (4-D float
+inputs, no dropout, no mask or an additive mask of the query's dtype that needs no gradient: the
+kernels return none for it) and leaves everything else to Thunder.
 
 The forward op carries Thunder's DONT_AUTO_RECOMPUTE_IN_BACKWARD tag and a name containing
 ``scaled_dot_product``, so thunder_remat prices it as attention and treats it like a matmul: kept
@@ -43,7 +44,7 @@ def _logsumexp_dtype(query):
     return dtypes.float64 if dtypes.to_dtype(query.dtype) == dtypes.float64 else dtypes.float32
 
 
-def _forward_meta(query, key, value, is_causal, scale):
+def _forward_meta(query, key, value, attn_mask, is_causal, scale):
     batch, heads, queries, _ = query.shape
     out = TensorProxy(like=query, shape=(batch, heads, queries, value.shape[-1]))
     lse = TensorProxy(
@@ -52,19 +53,19 @@ def _forward_meta(query, key, value, is_causal, scale):
     return out, lse
 
 
-def _forward_impl(query, key, value, is_causal, scale):
+def _forward_impl(query, key, value, attn_mask, is_causal, scale):
     return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
-        query, key, value, 0.0, is_causal, attn_mask=None, scale=scale
+        query, key, value, 0.0, is_causal, attn_mask=attn_mask, scale=scale
     )
 
 
-def _backward_meta(grad_out, query, key, value, out, lse, is_causal, scale):
+def _backward_meta(grad_out, query, key, value, attn_mask, out, lse, is_causal, scale):
     return TensorProxy(like=query), TensorProxy(like=key), TensorProxy(like=value)
 
 
-def _backward_impl(grad_out, query, key, value, out, lse, is_causal, scale):
+def _backward_impl(grad_out, query, key, value, attn_mask, out, lse, is_causal, scale):
     return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
-        grad_out, query, key, value, out, lse, 0.0, is_causal, attn_mask=None, scale=scale
+        grad_out, query, key, value, out, lse, 0.0, is_causal, attn_mask=attn_mask, scale=scale
     )
 
 
@@ -74,10 +75,21 @@ attention_forward = cpu_attention_ex.register_operator(
 attention_backward = cpu_attention_ex.register_operator(BACKWARD_NAME, meta=_backward_meta, fn=_backward_impl)
 
 
+def _mask_claimed(mask, query, key) -> bool:
+    """An additive mask the kernels take as the decomposition does: the query's dtype (a boolean
+    mask they refuse), broadcastable to (batch, heads, queries, keys), and no gradient wanted (the
+    backward kernel returns none for it)."""
+    if not isinstance(mask, TensorProxy) or mask.requires_grad or mask.dtype != query.dtype or mask.ndim != 4:
+        return False
+    target = (query.shape[0], query.shape[1], query.shape[2], key.shape[2])
+    return all(m in (1, t) for m, t in zip(mask.shape, target))
+
+
 def _claims(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, *, scale=None) -> bool:
-    """Only what the CPU flash kernels compute exactly like the decomposition: no mask, no dropout."""
+    """Only what the CPU flash kernels compute exactly like the decomposition: no dropout, no mask
+    or one ``_mask_claimed`` takes."""
     tensors = (query, key, value)
-    if attn_mask is not None or dropout_p != 0.0:
+    if dropout_p != 0.0:
         return False
     if not all(isinstance(t, TensorProxy) and t.ndim == 4 for t in tensors):
         return False
@@ -85,17 +97,19 @@ def _claims(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, *
         return False
     if any(dtypes.to_dtype(t.dtype) not in _SUPPORTED for t in tensors) or len({t.dtype for t in tensors}) != 1:
         return False
-    return query.shape[-1] == key.shape[-1] and key.shape[2] == value.shape[2]
+    if query.shape[-1] != key.shape[-1] or key.shape[2] != value.shape[2]:
+        return False
+    return attn_mask is None or _mask_claimed(attn_mask, query, key)
 
 
 def _execute(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, *, scale=None):
-    out, _ = attention_forward(query, key, value, is_causal, scale)
+    out, _ = attention_forward(query, key, value, attn_mask, is_causal, scale)
     return out
 
 
 def _grad(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, *, scale=None):
-    out, lse = attention_forward(query, key, value, is_causal, scale)
-    grads = attention_backward(get_grad(out), query, key, value, out, lse, is_causal, scale)
+    out, lse = attention_forward(query, key, value, attn_mask, is_causal, scale)
+    grads = attention_backward(get_grad(out), query, key, value, attn_mask, out, lse, is_causal, scale)
     put_grads((query, key, value), grads)
     return out
 
