@@ -6,8 +6,10 @@ gradients set to None under ``thunder_remat.inspect.measure.allocator_step_peak`
 allocation and free on the device, compiled code (Inductor's buffers, Thunder's fusion regions)
 included; the peak is the most bytes allocated at once above what was allocated when the step
 began (on CPU from the profiler's memory events, on CUDA from ``max_memory_allocated``). A step
-is ``loss = out.float().pow(2).mean(); loss.backward()``; its gradients are compared with eager
-PyTorch (allclose, ``--atol``/``--rtol``). Configurations:
+is ``loss = out.float().pow(2).mean(); loss.backward()``, the loss computed by the caller outside
+the compiled model (``--loss-inside``: the model and its loss compiled as one module, so that
+Thunder's trace, and thunder_remat's estimate, see the loss and its backward); its gradients are
+compared with eager PyTorch (allclose, ``--atol``/``--rtol``). Configurations:
 
 * ``eager``: plain PyTorch;
 * ``checkpoint``: eager with ``torch.utils.checkpoint`` (non-reentrant) around every block (the
@@ -98,6 +100,8 @@ def parse_args(argv=None):
     p.add_argument("--match-torch", action="store_true",
                    help="also run thunder_remat (each Thunder executor in --configs) with a peak budget equal to "
                         "each peak torch.compile (inductor) measured: the recompute it needs for the same peak")
+    p.add_argument("--loss-inside", action="store_true",
+                   help="compile the model and its loss as one module (default: the loss runs outside, in eager)")
     p.add_argument("--reps", type=int, default=3, help="warm steps timed per configuration (default: 3)")
     p.add_argument("--atol", type=float, default=1e-5)
     p.add_argument("--rtol", type=float, default=1e-4)
@@ -149,6 +153,12 @@ class Workload:
 
 
 def workload(args) -> Workload:
+    """The model of ``--model`` shaped by the arguments, its loss outside or (``--loss-inside``) inside."""
+    work = _model_workload(args)
+    return with_loss_inside(work) if getattr(args, "loss_inside", False) else work
+
+
+def _model_workload(args) -> Workload:
     import torch
 
     if args.model in BUILT_IN:
@@ -182,9 +192,30 @@ def workload(args) -> Workload:
     return Workload(label, build, lambda out: entry.output(out).float().pow(2).mean())
 
 
+def with_loss_inside(work: Workload) -> Workload:
+    """``work`` with its loss computed inside the module that configurations compile."""
+    from torch import nn
+
+    class ModelAndLoss(nn.Module):
+        def __init__(self, model):
+            super().__init__()
+            self.inner = model  # find_blocks looks inside
+
+        def forward(self, *args, **kwargs):
+            return work.loss(self.inner(*args, **kwargs))
+
+    def build():
+        model, inputs, kwargs = work.build()
+        return ModelAndLoss(model), inputs, kwargs
+
+    return Workload(work.label + ", loss inside the compiled module", build, lambda out: out)
+
+
 def find_blocks(model):
     """The model's repeated blocks (of every ``BLOCK_PATHS`` list it has), or None."""
     from torch import nn
+
+    model = getattr(model, "inner", model)  # --loss-inside
 
     blocks = {}
     for path in BLOCK_PATHS:
