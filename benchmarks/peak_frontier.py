@@ -96,7 +96,8 @@ def parse_args(argv=None):
     p.add_argument("--auto-peaks", type=int, default=0, metavar="N",
                    help="also run thunder_remat (each Thunder executor) at N step-peak budgets spaced evenly "
                         "between the lowest and highest peak it estimated at --budgets (default: 0)")
-    p.add_argument("--configs", default=",".join(CONFIGS), help=f"comma list of {list(CONFIGS)} (default: all) or {list(THUNDER_CONFIGS[2:])}")
+    p.add_argument("--configs", default=",".join(CONFIGS),
+                   help=f"comma list of {list(CONFIGS)} (default: all) or {list(THUNDER_CONFIGS[2:])}")
     p.add_argument("--match-torch", action="store_true",
                    help="also run thunder_remat (each Thunder executor in --configs) with a peak budget equal to "
                         "each peak torch.compile (inductor) measured: the recompute it needs for the same peak")
@@ -216,7 +217,6 @@ def find_blocks(model):
     from torch import nn
 
     model = getattr(model, "inner", model)  # --loss-inside
-
     blocks = {}
     for path in BLOCK_PATHS:
         node = model
@@ -297,7 +297,8 @@ def compile_config(config: str, budget: float | None):
 
 def executor_label(config: str) -> str:
     """How the table names a Thunder configuration's executors."""
-    return ("torch.compile ex" if "tc" in config.split("-") else "default") + (" + attn" if config.endswith("-attn") else "")
+    fusion = "torch.compile ex" if "tc" in config.split("-") else "default"
+    return fusion + (" + attn" if config.endswith("-attn") else "")
 
 
 def thunder_executors(config: str):
