@@ -21,7 +21,7 @@ import peak_frontier
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model", default="gpt", help="as peak_frontier.py's --model")
-    p.add_argument("--config", default="thunder-tc", choices=list(dict.fromkeys(peak_frontier.CONFIGS + peak_frontier.THUNDER_CONFIGS)))
+    p.add_argument("--config", default="thunder-tc", choices=list(peak_frontier.ALL_CONFIGS))
     p.add_argument("--budget", type=float, default=None,
                    help="fraction for torch.compile and thunder_remat (none: Thunder alone, or 1.0 for torch.compile)")
     p.add_argument("--min-bytes", type=int, default=1024, help="blocks smaller than this are summed, not listed")

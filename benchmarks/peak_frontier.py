@@ -68,6 +68,7 @@ BUDGETS = (1.0, 0.5, 0.15, 0.05, 0.0)
 CONFIGS = ("eager", "checkpoint", "inductor", "aot_eager", "thunder", "thunder-tc")
 #: every configuration that runs thunder.jit (with and without thunder_remat); the "-attn" ones run only when named
 THUNDER_CONFIGS = ("thunder", "thunder-tc", "thunder-attn", "thunder-tc-attn")
+ALL_CONFIGS = tuple(dict.fromkeys(CONFIGS + THUNDER_CONFIGS))
 BUILT_IN = ("mlp", "gpt", "llama")
 ALIASES = {"litgpt-llama": "litgpt Llama-3.2-1B"}
 #: attribute paths where a model keeps its repeated blocks (every match counts: T5 has two stacks)
@@ -138,9 +139,9 @@ def parse_args(argv=None):
         except ValueError as exc:
             p.error(f"--peaks: {exc}")
     args.configs = [c.strip() for c in args.configs.split(",") if c.strip()]
-    bad = [c for c in args.configs if c not in CONFIGS + THUNDER_CONFIGS]
+    bad = [c for c in args.configs if c not in ALL_CONFIGS]
     if bad or not args.configs:
-        p.error(f"unknown --configs {bad}; choose from {list(dict.fromkeys(CONFIGS + THUNDER_CONFIGS))}")
+        p.error(f"unknown --configs {bad}; choose from {list(ALL_CONFIGS)}")
     return args
 
 
@@ -156,7 +157,7 @@ class Workload:
 def workload(args) -> Workload:
     """The model of ``--model`` shaped by the arguments, its loss outside or (``--loss-inside``) inside."""
     work = _model_workload(args)
-    return with_loss_inside(work) if getattr(args, "loss_inside", False) else work
+    return with_loss_inside(work) if args.loss_inside else work
 
 
 def _model_workload(args) -> Workload:
@@ -295,9 +296,14 @@ def compile_config(config: str, budget: float | None):
     return system, name, _label(budget), wrap
 
 
+def _compiles_regions(config: str) -> bool:
+    """A Thunder configuration with Thunder's torch.compile executor."""
+    return "tc" in config.split("-")
+
+
 def executor_label(config: str) -> str:
     """How the table names a Thunder configuration's executors."""
-    fusion = "torch.compile ex" if "tc" in config.split("-") else "default"
+    fusion = "torch.compile ex" if _compiles_regions(config) else "default"
     return fusion + (" + attn" if config.endswith("-attn") else "")
 
 
@@ -306,7 +312,7 @@ def thunder_executors(config: str):
     import thunder
 
     executors = None
-    if "tc" in config.split("-"):
+    if _compiles_regions(config):
         from thunder.executors.torch_compile import torch_compile_ex
 
         executors = [torch_compile_ex]
@@ -403,8 +409,7 @@ def run_config(work: Workload, config: str, budget: float | None, reference, arg
             from thunder_remat.plugin import expected_regions
             from thunder_remat.whole_graph.peak import estimate_peak_bytes
 
-            executors = thunder_executors(config)
-            regions = expected_regions(plan.trace, executors) if "tc" in config.split("-") else None
+            regions = expected_regions(plan.trace, thunder_executors(config)) if _compiles_regions(config) else None
             row.estimate_bytes = estimate_peak_bytes(plan.trace, regions, plan.prologue)
             row.estimate = _mb(row.estimate_bytes) + "*"
         if isinstance(budget, str) and row.peak is not None and row.estimate_bytes is not None:

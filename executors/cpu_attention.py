@@ -87,8 +87,8 @@ def _mask_claimed(mask, query, key) -> bool:
 
 def _claims(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, *, scale=None) -> bool:
     """Only what the CPU flash kernels compute like the decomposition: no dropout, no mask or one
-    ``_mask_claimed`` takes, not with ``is_causal`` too (torch refuses both). A query row the mask
-    hides entirely gives zeros, as eager PyTorch does (the decomposition: NaN)."""
+    ``_mask_claimed`` takes (Thunder refuses a mask with ``is_causal`` before any executor). A query
+    row the mask hides entirely gives zeros, as eager PyTorch does (the decomposition: NaN)."""
     tensors = (query, key, value)
     if dropout_p != 0.0:
         return False
@@ -100,7 +100,7 @@ def _claims(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, *
         return False
     if query.shape[-1] != key.shape[-1] or key.shape[2] != value.shape[2]:
         return False
-    return attn_mask is None or (not is_causal and _mask_claimed(attn_mask, query, key))
+    return attn_mask is None or _mask_claimed(attn_mask, query, key)
 
 
 def _execute(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, *, scale=None):

@@ -39,6 +39,10 @@ def constant_mask(q, k, v):
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
 
 
+def _random(*shape, requires_grad=False):
+    return torch.randn(shape, generator=torch.Generator().manual_seed(1), requires_grad=requires_grad)
+
+
 def qkv(seed=0, keys=12, dtype=torch.float32):
     g = torch.Generator().manual_seed(seed)
     shapes = ((2, 3, 12, 8), (2, 3, keys, 8), (2, 3, keys, 8))
@@ -49,10 +53,18 @@ def op_names(trace):
     return [b.sym.name for b in trace.bound_symbols]
 
 
-@pytest.mark.parametrize("fn", [attention, scaled, constant_mask], ids=["causal", "scale", "mask"])
-def test_outputs_and_grads_equal_thunders_decomposition(fn):
-    fused = run(fn, qkv(), executors=WITH_ATTENTION)
-    decomposed = run(fn, qkv(), executors=[eager_fusion_ex])
+CLAIMED = {
+    "causal": (attention, ()),
+    "scale": (scaled, ()),
+    "mask made inside": (constant_mask, ()),
+    "mask given, no gradient": (masked, (_random(2, 1, 12, 12),)),
+}
+
+
+@pytest.mark.parametrize("fn, mask", CLAIMED.values(), ids=CLAIMED.keys())
+def test_outputs_and_grads_equal_thunders_decomposition(fn, mask):
+    fused = run(fn, (*qkv(), *mask), executors=WITH_ATTENTION)
+    decomposed = run(fn, (*qkv(), *mask), executors=[eager_fusion_ex])
     for a, b in zip(fused.outputs + fused.grads, decomposed.outputs + decomposed.grads):
         torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-4)
     assert FORWARD_NAME in op_names(thunder.last_traces(fused.jitted)[-1])
@@ -71,10 +83,6 @@ def test_backward_keeps_output_and_logsumexp_not_probabilities():
     assert decomposed.saved_bytes - inputs >= 2 * 3 * 12 * 40 * 4
 
 
-def _random(*shape, requires_grad=False):
-    return torch.randn(shape, generator=torch.Generator().manual_seed(1), requires_grad=requires_grad)
-
-
 MASKS = {
     "needs a gradient": lambda: _random(2, 1, 12, 12, requires_grad=True),  # the kernels return none
     "boolean": lambda: torch.ones(12, 12, dtype=torch.bool).tril().expand(2, 3, 12, 12),  # the kernels refuse it
@@ -90,15 +98,6 @@ def test_unsupported_masks_fall_back_to_thunder(make_mask):
     assert FORWARD_NAME not in op_names(thunder.last_traces(fused.jitted)[-1])
     for a, b in zip(fused.outputs + fused.grads, decomposed.outputs + decomposed.grads):
         torch.testing.assert_close(a, b)
-
-
-def test_an_additive_mask_without_gradient_is_claimed():
-    mask = _random(2, 1, 12, 12)
-    fused = run(masked, (*qkv(), mask), executors=WITH_ATTENTION)
-    decomposed = run(masked, (*qkv(), mask), executors=[eager_fusion_ex])
-    assert FORWARD_NAME in op_names(thunder.last_traces(fused.jitted)[-1])
-    for a, b in zip(fused.outputs + fused.grads, decomposed.outputs + decomposed.grads):
-        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-4)
 
 
 @pytest.mark.parametrize("budget", [1.0, 0.0])
