@@ -12,18 +12,35 @@ from thunder_remat.inspect.measure import allocator_step_peak
 from thunder_remat.whole_graph.peak import estimate_peak_bytes
 from thunder_remat.whole_graph.run import BudgetInfeasibleWarning
 
-def _step(name, executors=(), **options):
-    """A built-in model at its tiny size, jitted; one warm-up step, then one measured by the allocator.
-    Returns (the plan, the measured peak, the parameters' gradients)."""
+class _WithLoss(torch.nn.Module):
+    """The model and the loss as one module: the loss's backward runs inside the compiled step."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.model = model
+
+    def forward(self, x):
+        return self.model(x).float().pow(2).mean()
+
+
+def _step(name, executors=(), loss_inside=False, **options):
+    """A built-in model at its tiny size, jitted (with the loss when ``loss_inside``); one warm-up
+    step, then one measured by the allocator. Returns (the plan, the measured peak, the parameters'
+    gradients)."""
     from thunder_remat.models import build_model, example_batch
 
     torch.manual_seed(0)
     model = build_model(name, "tiny")
     x = example_batch(model)
+    if loss_inside:
+        model = _WithLoss(model)
     jm = thunder.jit(model, executors=list(executors), remat=True, **options)
 
-    def step():
-        jm(x).float().pow(2).mean().backward()
+    def step():  # the output is not held through the backward (the estimate's assumption)
+        if loss_inside:
+            jm(x).backward()
+        else:
+            jm(x).float().pow(2).mean().backward()
 
     step()
     for p in model.parameters():
@@ -43,9 +60,10 @@ def _eager_gradients(name):
 
 @pytest.mark.jit
 def test_a_peak_budget_is_met_and_lower_budgets_never_raise_the_peak():
-    """Budgets between the lowest estimated peak and the fastest plan's: the plan chosen is the
-    first, least recompute first, whose estimate fits; without fusion the allocator's peak stays
-    within the budget; the measured peak never rises as the budget falls."""
+    """Budgets between the lowest estimated peak and the fastest plan's, the loss outside the
+    compiled model: the plan chosen is the first, least recompute first, whose estimate fits, never
+    above the fastest; without fusion the allocator's peak stays within the budget; the measured
+    peak never rises as the budget falls."""
     with pytest.warns(BudgetInfeasibleWarning, match="estimated step peak"):
         lowest_plan, _, _ = _step("gpt", remat_memory_budget="peak:1B")
     lowest = lowest_plan.peak_estimate
@@ -59,11 +77,38 @@ def test_a_peak_budget_is_met_and_lower_budgets_never_raise_the_peak():
             warnings.filterwarnings("error", message="thunder_remat")
             plan, peak, grads = _step("gpt", remat_memory_budget=f"peak:{budget}B")
         assert plan.choice.feasible and plan.peak_estimate <= budget
+        # the loss is the caller's: no plan above the fastest (it would hold more while the loss runs)
+        assert plan.choice.plan.saved_bytes <= plan.frontier.fastest.saved_bytes
         assert peak <= budget * 1.02, (peak, budget)
         for got, want in zip(grads, reference):
             torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-4)
         measured.append(peak)
     assert measured == sorted(measured, reverse=True), measured
+
+
+@pytest.mark.jit
+def test_a_peak_budget_with_room_recomputes_less_than_the_fastest_plan():
+    """Budgets above the fastest plan's estimated peak take plans that save more and recompute
+    less (the last, nothing): recompute never rises as the budget rises, each estimate fits its
+    budget, and with the loss compiled with the model the allocator's peak does too; the
+    gradients equal eager."""
+    fastest, _, _ = _step("gpt", loss_inside=True, remat_memory_budget=1.0)
+    highest = estimate_peak_bytes(fastest.trace)
+    reference = _eager_gradients("gpt")
+    recompute = [fastest.rewritten_cost]
+    for budget in (highest + highest // 8, 2 * highest, 4 * highest):
+        with warnings.catch_warnings():
+            warnings.filterwarnings("error", message="thunder_remat")
+            plan, peak, grads = _step("gpt", loss_inside=True, remat_memory_budget=f"peak:{budget}B")
+        assert plan.choice.feasible and plan.peak_estimate <= budget
+        assert plan.choice.plan.saved_bytes > plan.frontier.fastest.saved_bytes
+        assert "recomputing less: the peak budget has room" in plan.provenance()
+        assert peak <= budget * 1.02, (peak, budget)
+        for got, want in zip(grads, reference):
+            torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-4)
+        recompute.append(plan.rewritten_cost)
+    assert recompute == sorted(recompute, reverse=True) and recompute[-1] < recompute[0], recompute
+    assert plan.choice.plan.recompute_cost == 0.0
 
 
 @pytest.mark.jit

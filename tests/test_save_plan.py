@@ -192,6 +192,38 @@ def test_priced_plans_find_cheaper_recompute_than_knapsack_plans_alone(monkeypat
     assert improved > 0
 
 
+def test_above_the_fastest_plan_the_gelu_output_is_saved_instead_of_recomputed():
+    """The one plan that saves more than the fastest and recomputes less: g saved too, nothing made again."""
+    search = PlanSearch(build_frontier(mlp_problem()))
+    (above,) = search.plans_above_fastest()
+    assert above.saved == ("g", "h", "w", "w2", "x") and above.recomputed == ()
+    assert above.saved_bytes == 256 and above.recompute_cost == 0.0
+    assert above.kept_bans == search.frontier.fastest.kept_bans
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_plans_above_the_fastest_save_more_recompute_less_and_end_recomputing_nothing(seed):
+    """Each is valid, keeps the fastest plan's bans, saves more and recomputes less than the
+    fastest; by bytes they form a Pareto line; the last recomputes nothing, so it saves exactly
+    the non-input values the backward reads (no views here); none when the fastest recomputes nothing."""
+    p = random_problem(random.Random(seed))
+    search = PlanSearch(build_frontier(p))
+    fastest, above = search.frontier.fastest, search.plans_above_fastest()
+    assert search.plans_above_fastest() is above  # solved once
+    if fastest.recompute_cost == 0.0:
+        assert above == ()
+        return
+    assert above
+    soft = {op.index for op in p.ops if op.soft_ban}
+    for plan in above:
+        assert valid(p, plan) and plan.kept_bans == fastest.kept_bans and not soft & set(plan.recomputed)
+        assert plan.saved_bytes > fastest.saved_bytes and plan.recompute_cost < fastest.recompute_cost
+    assert [q.saved_bytes for q in above] == sorted({q.saved_bytes for q in above})
+    assert [q.recompute_cost for q in above] == sorted({q.recompute_cost for q in above}, reverse=True)
+    needed = sorted({n for n in p.needed_by_backward if not p.values[n].is_input})
+    assert above[-1].recomputed == () and above[-1].saved_bytes == p.storage_bytes(needed)
+
+
 def two_layer_problem() -> SaveProblem:
     """Two matmuls h1, h2 (100 B each) and a small reduction of each (r1, r2: 4 B), all soft-banned."""
     return problem(

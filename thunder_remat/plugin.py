@@ -164,10 +164,12 @@ def plan_joint_trace(trace, executor: RematFusionExecutor):
 
 
 def _below_fastest(choice) -> bool:
-    """The plan was chosen below the fastest (a fraction under 1.0 or a peak budget): the user
-    asked for memory."""
+    """The plan was chosen below the fastest (a fraction under 1.0 or a tight peak budget): the
+    user asked for memory. A peak budget with room takes a plan above the fastest, compiled as the
+    fastest is."""
     return (choice is not None and choice.frontier is not None
-            and choice.plan.recomputed != choice.frontier.fastest.recomputed)
+            and choice.plan.recomputed != choice.frontier.fastest.recomputed
+            and choice.plan.saved_bytes <= choice.frontier.fastest.saved_bytes)
 
 
 def _finalize(trace, bsyms):

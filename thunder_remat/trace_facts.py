@@ -7,6 +7,7 @@ sees for an op (``OpFacts.tags``) are the same in both passes. Written against T
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 from thunder.core import prims
@@ -19,7 +20,7 @@ from thunder_remat.policies import OpFacts
 from thunder_remat.storage import StorageMap, storage_map
 
 __all__ = ["collective_name", "is_backward", "is_backward_region", "reads_forward_values", "is_joint_trace",
-           "loss_outputs", "split_joint", "ThunderSplit", "thunder_split", "forward_storages", "STALE_WRITE",
+           "loss_outputs", "loss_outside", "split_joint", "ThunderSplit", "thunder_split", "forward_storages", "STALE_WRITE",
            "in_place_destination", "in_place_writes", "leaf_ops", "TagReader", "op_facts", "TraceNames", "trace_names"]
 
 _COLLECTIVE_NAMES = frozenset({"all_gather", "all_reduce", "reduce_scatter", "broadcast", "wait", "synchronize",
@@ -64,6 +65,16 @@ def loss_outputs(trace) -> set[str]:
     if not (isinstance(ret, dict) and "fw_flat_out" in ret):
         return set()
     return {p.name for p in tree_flatten(ret["fw_flat_out"])[0] if hasattr(p, "name")}
+
+
+def loss_outside(trace) -> bool:
+    """The joint trace returns a tensor of more than one element that gets a gradient: the caller's
+    loss reads it and makes that gradient between the forward and the backward, while everything
+    the forward saved is alive, and what that loss holds is not in the trace (a model compiled
+    with its loss returns a scalar)."""
+    outputs = loss_outputs(trace)
+    return any(bsym.sym.id == prims.PrimIDs.GET_GRAD and getattr(bsym.args[0], "name", None) in outputs
+               and math.prod(bsym.args[0].shape) > 1 for bsym in trace.bound_symbols)
 
 
 def split_joint(trace):

@@ -351,11 +351,35 @@ class PlanSearch:
         self.frontier = frontier
         #: plans found filling gaps, by the index of the plan above the gap
         self._gaps: dict[int, tuple[SavePlan, ...]] = {}
+        self._above: tuple[SavePlan, ...] | None = None
 
     @property
     def gaps(self) -> dict[int, tuple[SavePlan, ...]]:
         """The gaps filled so far: the index of the plan above each -> the plans found in it."""
         return dict(self._gaps)
+
+    def plans_above_fastest(self) -> tuple[SavePlan, ...]:
+        """Plans that save more than the fastest plan and recompute less, by saved bytes ascending
+        (solved once per search): a peak budget with room above the fastest plan's peak takes the
+        least recompute that fits, which a fraction never offers (1.0 is the fastest plan).
+
+        Every soft ban kept, as in the fastest plan, and each op left recomputed charged ``price *
+        cost`` for the prices of ``recompute_prices``: the highest charges more than saving any op's
+        outputs costs, so the last plan recomputes only what costs nothing (views). Pareto plans only.
+        """
+        if self._above is None:
+            frontier = self.frontier
+            fastest, networks = frontier.fastest, frontier.networks
+            found = {}
+            if networks is not None:
+                solved = _Solved(networks)
+                for price in recompute_prices(networks.problem):
+                    plan = solved.plan(fastest.kept_bans, price)
+                    if plan.saved_bytes > fastest.saved_bytes and plan.recompute_cost < fastest.recompute_cost:
+                        found.setdefault(plan.key, plan)
+            self._above = tuple(_pareto(found.values()))
+            log.debug("%d plans above the fastest plan", len(self._above))
+        return self._above
 
     def gap_plans(self, target: int) -> tuple[SavePlan, ...]:
         """The Pareto plans strictly between the two frontier plans around ``target`` bytes (none

@@ -17,6 +17,7 @@ from thunder_remat.budget import Budget, BudgetKind
 from thunder_remat.policies import contraction_kind
 from thunder_remat.records import PassResult, PassStatus
 from thunder_remat.verify import kept_if_verified
+from thunder_remat.trace_facts import loss_outside
 from thunder_remat.whole_graph.reasons import PlanReasons, plan_reasons
 from thunder_remat.whole_graph.analysis import build_save_problem
 from thunder_remat.whole_graph.checkpoints import anchor_fractions, checkpointed_schedule
@@ -140,6 +141,8 @@ class SavePassResult(PassResult):
             f"{len(plan.recomputed)} forward ops recomputed in backward, est. {plan.recompute_cost:.3g} "
             f"{self.problem.cost_unit}"
         )
+        if self.choice.frontier is not None and plan.saved_bytes > self.choice.frontier.fastest.saved_bytes:
+            text += " (more than the fastest plan, recomputing less: the peak budget has room)"
         if self.copies > len(plan.recomputed):
             text += (f"; {self.copies} copies made, {self.copies - len(plan.recomputed)} of them for far uses, "
                      f"est. {self.rewritten_cost:.3g} {self.problem.cost_unit} in all")
@@ -216,7 +219,7 @@ def plan_saved_values(trace, config, *, zero3: bool = False, fusible=None, kerne
         if peak_budget:
             picked = choose_for_peak(trace, problem, search, int(config.budget[1]), window=window,
                                      setting=config.checkpoint_budget, anchors=anchors, timings=timings,
-                                     regions=regions, ceiling=ceiling)
+                                     regions=regions, ceiling=ceiling, above=not loss_outside(trace))
             choice, checkpoints = picked.choice, picked.checkpoints
         elif config.checkpoint_budget == "auto" and window is not None and choice.frontier is not None:
             # below the fastest plan: walk down to the chosen plan, which may hold a rewrite above it
