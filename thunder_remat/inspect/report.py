@@ -232,6 +232,8 @@ def explain(jitted, compilation: int | None = None, *, step=None, device="cpu") 
             report.budget += f" = {save.choice.target_bytes:,} B"
         if save.peak_budget:
             report.budget = f"step peak at most {int(save.budget[1]):,} B, estimated {save.peak_estimate:,} B"
+            if save.above_fastest:
+                report.budget += " (room to spare: a plan saving more than 1.0 and recomputing less)"
         report.budget_feasible = save.choice.feasible
         report.recompute_cost, report.recompute_unit = plan.recompute_cost, problem.cost_unit
         report.rewritten_cost = save.rewritten_cost

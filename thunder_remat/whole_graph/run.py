@@ -102,6 +102,12 @@ class SavePassResult(PassResult):
             and self.ceiling < self.choice.frontier.fastest.saved_bytes
 
     @property
+    def above_fastest(self) -> bool:
+        """A peak budget with room took a plan that saves more than the fastest and recomputes less."""
+        return (self.choice is not None and self.choice.frontier is not None
+                and self.choice.plan.saved_bytes > self.choice.frontier.fastest.saved_bytes)
+
+    @property
     def peak_budget(self) -> bool:
         """The budget is a step peak (``"peak:6GiB"``)."""
         return self.budget is not None and BudgetKind(self.budget[0]) is BudgetKind.PEAK
@@ -141,7 +147,7 @@ class SavePassResult(PassResult):
             f"{len(plan.recomputed)} forward ops recomputed in backward, est. {plan.recompute_cost:.3g} "
             f"{self.problem.cost_unit}"
         )
-        if self.choice.frontier is not None and plan.saved_bytes > self.choice.frontier.fastest.saved_bytes:
+        if self.above_fastest:
             text += " (more than the fastest plan, recomputing less: the peak budget has room)"
         if self.copies > len(plan.recomputed):
             text += (f"; {self.copies} copies made, {self.copies - len(plan.recomputed)} of them for far uses, "
