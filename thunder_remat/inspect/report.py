@@ -204,6 +204,7 @@ def explain(jitted, compilation: int | None = None, *, step=None, device="cpu") 
                                                        last_index, training_compilations)
     from thunder_remat.plugin import last_pair_pass, last_save_plan, thunder_alone_saved_bytes
     from thunder_remat.storage import storage_map
+    from thunder_remat.whole_graph.run import LOSS_OUTSIDE
 
     try:
         fw = computation_traces_of(jitted, compilation)[-1]
@@ -234,6 +235,8 @@ def explain(jitted, compilation: int | None = None, *, step=None, device="cpu") 
             report.budget = f"step peak at most {int(save.budget[1]):,} B, estimated {save.peak_estimate:,} B"
             if save.above_fastest:
                 report.budget += " (room to spare: a plan saving more than 1.0 and recomputing less)"
+            if save.loss_outside:
+                report.budget += f"; {LOSS_OUTSIDE}"
         report.budget_feasible = save.choice.feasible
         report.recompute_cost, report.recompute_unit = plan.recompute_cost, problem.cost_unit
         report.rewritten_cost = save.rewritten_cost

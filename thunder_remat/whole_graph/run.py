@@ -46,6 +46,11 @@ class UnmodelledPeakWarning(UserWarning):
     memory: the measured peak may be above the budget."""
 
 
+#: what a peak budget's estimate leaves out when the loss is the caller's
+LOSS_OUTSIDE = ("the caller's loss runs outside the compiled function, on top of what is saved: its memory is not "
+                "in the estimate (compile the loss with the model to count it)")
+
+
 @dataclass
 class SavePassResult(PassResult):
     """What the whole-graph pass chose (``PassResult``: status, failure, timings)."""
@@ -83,6 +88,9 @@ class SavePassResult(PassResult):
     #: the order the backward runs in: "trace" (as autograd emitted it and the rewrite placed its
     #: copies) or the name of one of ``whole_graph.reorder.ORDERS``
     backward_order: str = "trace"
+    #: a peak budget, and the compiled function returns tensors that get gradients from the
+    #: caller's loss (``trace_facts.loss_outside``): that loss runs on top of what is saved, unestimated
+    loss_outside: bool = False
 
     @property
     def checkpoint_ops(self) -> tuple[int, ...]:
@@ -161,6 +169,8 @@ class SavePassResult(PassResult):
             text += f"; est. step peak {self.peak_estimate} B"
             if self.peak_estimate_without_checkpoints is not None:
                 text += f" ({self.peak_estimate_without_checkpoints} B without checkpoints)"
+        if self.loss_outside:
+            text += f"; {LOSS_OUTSIDE}"
         if not self.choice.feasible:
             text += "; budget infeasible, " + ("lowest-peak plan used" if self.peak_budget else "smallest plan used")
         return text + ")"
@@ -223,9 +233,10 @@ def plan_saved_values(trace, config, *, zero3: bool = False, fusible=None, kerne
                                               if target_bytes(search.frontier, Budget.fraction(f)) > floor)
             result.ceiling = ceiling
         if peak_budget:
+            result.loss_outside = loss_outside(trace)
             picked = choose_for_peak(trace, problem, search, int(config.budget[1]), window=window,
                                      setting=config.checkpoint_budget, anchors=anchors, timings=timings,
-                                     regions=regions, ceiling=ceiling, above=not loss_outside(trace))
+                                     regions=regions, ceiling=ceiling, above=not result.loss_outside)
             choice, checkpoints = picked.choice, picked.checkpoints
         elif config.checkpoint_budget == "auto" and window is not None and choice.frontier is not None:
             # below the fastest plan: walk down to the chosen plan, which may hold a rewrite above it
