@@ -71,7 +71,8 @@ class SavePlan:
     saved_bytes: int
     #: estimated cost of the recomputation (sum of the recomputed ops' flop estimates)
     recompute_cost: float
-    #: soft-banned ops kept banned in this plan
+    #: ops kept from being recomputed: the soft bans this plan keeps (above the fastest plan, also
+    #: ops a peak budget with room saves to spare their recompute: ``PlanSearch.plans_above_fastest``)
     kept_bans: frozenset[int]
     #: the cut's value: saved bytes + price * recompute cost
     cut_value: float
@@ -363,21 +364,29 @@ class PlanSearch:
         (solved once per search): a peak budget with room above the fastest plan's peak takes the
         least recompute that fits, which a fraction never offers (1.0 is the fastest plan).
 
-        Every soft ban kept, as in the fastest plan, and each op left recomputed charged ``price *
-        cost`` for the prices of ``recompute_prices``: the highest charges more than saving any op's
-        outputs costs, so the last plan recomputes only what costs nothing (views). Pareto plans only.
+        Every soft ban of the fastest plan kept, and each op left recomputed charged ``price *
+        cost``, for the prices of ``recompute_prices``: the highest charges more than saving any
+        op's outputs costs, so the last plan recomputes only what costs nothing (views). Those are
+        the corners of the trade-off; between two of them, a chain from the one that recomputes more
+        bans its ops the other does not recompute, most recompute spared per byte first, in up to
+        ``GAP_STEPS`` steps (``_fill_above``). Pareto plans only.
         """
         if self._above is None:
             frontier = self.frontier
             fastest, networks = frontier.fastest, frontier.networks
-            found = {}
+            found: dict = {}
             if networks is not None:
                 solved = _Solved(networks)
+                corners = {fastest.key: fastest}
                 for price in recompute_prices(networks.problem):
                     plan = solved.plan(fastest.kept_bans, price)
-                    if plan.saved_bytes > fastest.saved_bytes and plan.recompute_cost < fastest.recompute_cost:
+                    corners.setdefault(plan.key, plan)
+                corners = _pareto(corners.values())
+                for lower, upper in zip(corners, corners[1:]):
+                    for plan in (lower, upper, *_fill_above(solved, lower, upper)):
                         found.setdefault(plan.key, plan)
-            self._above = tuple(_pareto(found.values()))
+            self._above = tuple(_pareto(p for p in found.values() if p.saved_bytes > fastest.saved_bytes
+                                        and p.recompute_cost < fastest.recompute_cost))
             log.debug("%d plans above the fastest plan", len(self._above))
         return self._above
 
@@ -486,6 +495,22 @@ def _fill(networks: SaveNetworks, upper: SavePlan, floor_bytes: int, solver: str
     for plan in _knapsack_plans(solved, (c for c in steps if c >= 0), solver):
         found.setdefault(plan.key, plan)
     return list(found.values())
+
+
+def _fill_above(solved: _Solved, lower: SavePlan, upper: SavePlan) -> list[SavePlan]:
+    """Plans between two corners of the trade-off above the fastest plan: ``lower`` with the ops it
+    recomputes and ``upper`` does not banned, most recompute spared per byte of output first,
+    cumulatively in up to ``GAP_STEPS`` steps, each a min cut at ``lower``'s price."""
+    problem = solved.networks.problem
+    ops = {op.index: op for op in problem.ops}
+
+    def spared_per_byte(index):
+        size = problem.storage_bytes(ops[index].outputs)
+        return (-ops[index].cost / size if size else -math.inf, index)
+
+    order = sorted(set(lower.recomputed) - set(upper.recomputed), key=spared_per_byte)
+    step = max(1, math.ceil(len(order) / GAP_STEPS))
+    return [solved.plan(lower.kept_bans | set(order[:k]), lower.price) for k in range(step, len(order), step)]
 
 
 def _pareto(plans) -> list[SavePlan]:

@@ -12,10 +12,11 @@ from dataclasses import dataclass, field
 
 from thunder_remat.whole_graph.problem import SaveProblem
 
-__all__ = ["PlanReasons", "plan_reasons", "CHOSEN_BY_CUT", "RECOMPUTED_BY_CUT"]
+__all__ = ["PlanReasons", "plan_reasons", "CHOSEN_BY_CUT", "RECOMPUTED_BY_CUT", "SAVED_FOR_ROOM"]
 
 CHOSEN_BY_CUT = "cheaper to save than to recompute (minimum cut)"
 RECOMPUTED_BY_CUT = "cheaper to recompute than to save (minimum cut)"
+SAVED_FOR_ROOM = "saved to spare its recompute: the peak budget has room above the fastest plan"
 
 
 @dataclass(frozen=True)
@@ -48,6 +49,8 @@ def _saved_reason(op, problem: SaveProblem, plan, producer) -> str:
         return f"cannot be recomputed: {op.hard_ban}"
     if op.index in plan.kept_bans and op.soft_ban:
         return f"policy keeps it: {op.soft_ban}"
+    if op.index in plan.kept_bans:
+        return SAVED_FOR_ROOM
     if op.soft_ban and plan.price > 0:
         return (f"budget: cheaper to save than to recompute at the plan's price of {plan.price:.3g} B per "
                 f"{problem.cost_unit} ({op.soft_ban})")
