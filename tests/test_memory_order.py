@@ -150,6 +150,31 @@ def test_the_backward_runs_in_the_order_of_lowest_estimated_peak():
     assert sorted(map(id, new.bound_symbols)) == sorted(map(id, trace.bound_symbols))
 
 
+@pytest.mark.jit
+@pytest.mark.parametrize("budget", [1.0, 0.0])
+def test_every_order_of_the_backward_has_the_traces_storages(budget):
+    """The pass estimates each order of a rewritten backward with the storages of the trace's own
+    order: on the built-in GPT (reshapes, transposes, views of recomputed values) each order's own
+    storage map is the same."""
+    from helpers import joint_trace as jit_joint_trace
+
+    from thunder_remat.models import build_model, example_batch
+    from thunder_remat.trace_facts import forward_storages
+    from thunder_remat.whole_graph.reorder import ORDERS, backward_order_problem, reordered
+
+    model = build_model("gpt", "small")
+    _, result = jit_joint_trace(model, (example_batch(model),), remat_memory_budget=budget)
+    start, problem = backward_order_problem(result.trace, result.prologue)
+    own = forward_storages(result.trace, with_backward=True)
+    assert len(own.maybe_view) > 0
+    for name, make in ORDERS:
+        order = make(problem)
+        assert order != list(range(len(problem.preds))), name
+        other = forward_storages(reordered(result.trace, start, order), with_backward=True)
+        assert (other.owner, other.owner_bytes, other.maybe_view, other.held) == \
+            (own.owner, own.owner_bytes, own.maybe_view, own.held), name
+
+
 @pytest.mark.unit
 def test_a_prologue_op_keeps_its_place():
     from thunder_remat.whole_graph.peak import estimate_peak_bytes

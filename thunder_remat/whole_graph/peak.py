@@ -24,10 +24,13 @@ from thunder_remat.storage import StorageMap
 __all__ = ["RegionModel", "compiled_kernels", "estimate_peak_bytes", "estimate_schedule_peak", "predict_regions"]
 
 
-def estimate_peak_bytes(trace, regions: RegionModel | None = None, prologue=frozenset()) -> int:
+def estimate_peak_bytes(trace, regions: RegionModel | None = None, prologue=frozenset(),
+                        storages: StorageMap | None = None) -> int:
     """The estimated peak of live tensor bytes (inputs excluded) over a joint trace; ``prologue``:
-    the names its backward makes when it starts (``SavePassResult.prologue``) when it is a rewrite."""
-    return estimate_schedule_peak(CopySchedule(trace), regions=regions, prologue=prologue)
+    the names its backward makes when it starts (``SavePassResult.prologue``) when it is a rewrite;
+    ``storages``: its ``forward_storages(trace, with_backward=True)`` when known (a reordered
+    backward has the same)."""
+    return estimate_schedule_peak(CopySchedule(trace), storages, regions=regions, prologue=prologue)
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,7 @@ from thunder_remat.budget import Budget, BudgetKind
 from thunder_remat.policies import contraction_kind
 from thunder_remat.records import PassResult, PassStatus
 from thunder_remat.verify import kept_if_verified
-from thunder_remat.trace_facts import loss_outside
+from thunder_remat.trace_facts import forward_storages, loss_outside
 from thunder_remat.whole_graph.reasons import PlanReasons, plan_reasons
 from thunder_remat.whole_graph.analysis import build_save_problem
 from thunder_remat.whole_graph.checkpoints import anchor_fractions, checkpointed_schedule
@@ -351,13 +351,16 @@ def _lowest_peak_order(trace, prologue, fusible, kernels, split: bool) -> _Order
     own_regions = predict_regions(trace, fusible, split, kernels) if fusible is not None else None
     if own_regions is not None and not own_regions.memory_modelled:
         return _Ordered(trace, None, "trace")
+    # an order of the same bound symbols shares the trace's storages (nothing moves across an
+    # in-place write: reorder.backward_order_problem)
+    storages = forward_storages(trace, with_backward=True)
 
     def estimate(candidate) -> int:
         if candidate is trace:
             regions = own_regions
         else:
             regions = predict_regions(candidate, fusible, split, kernels) if fusible is not None else None
-        return estimate_peak_bytes(candidate, regions, prologue)
+        return estimate_peak_bytes(candidate, regions, prologue, storages)
 
     return _Ordered(*lowest_peak_order(trace, estimate, prologue))
 
