@@ -153,16 +153,18 @@ def estimate_schedule_peak(schedule: CopySchedule, storages: StorageMap | None =
         makes, or None; ``fused``: it runs in a fusion region the walk models."""
         reads = tensor_reads[position] if position != last else returned
         now = {}
+        first_read_of = {}  # the forward's storage -> the first input read on it
         read_now, made_now, out_now = [], [], []
         for name in reads:
             k = sources.get(name)
+            first_read_of.setdefault(owner.get(name, name), name)
             now[name] = copy_owner[(k, name)] if k is not None else current.get(name) or owner.get(name, name)
             if now[name] not in held:
                 last_read[now[name]] = step
                 read_now.append(now[name])
         for name in tensor_outs[position]:
             original = owner.get(name, name)
-            viewed = next((a for a in reads if owner.get(a, a) == original), None)
+            viewed = first_read_of.get(original)
             if viewed is not None:
                 storage = now[viewed]
             elif copy is not None:
