@@ -499,16 +499,15 @@ def _fill(networks: SaveNetworks, upper: SavePlan, floor_bytes: int, solver: str
 
 def _fill_above(solved: _Solved, lower: SavePlan, upper: SavePlan) -> list[SavePlan]:
     """Plans between two corners of the trade-off above the fastest plan: ``lower`` with the ops it
-    recomputes and ``upper`` does not banned, most recompute spared per byte of output first,
-    cumulatively in up to ``GAP_STEPS`` steps, each a min cut at ``lower``'s price."""
+    recomputes and ``upper`` does not banned (those with a cost and bytes of output), most
+    recompute spared per byte first, cumulatively in up to ``GAP_STEPS`` steps, each a min cut at
+    ``lower``'s price."""
     problem = solved.networks.problem
     ops = {op.index: op for op in problem.ops}
-
-    def spared_per_byte(index):
-        size = problem.storage_bytes(ops[index].outputs)
-        return (-ops[index].cost / size if size else -math.inf, index)
-
-    order = sorted(set(lower.recomputed) - set(upper.recomputed), key=spared_per_byte)
+    size = {i: problem.storage_bytes(ops[i].outputs) for i in set(lower.recomputed) - set(upper.recomputed)}
+    # a ban that spares no recompute, or saves no bytes (a view), is no step of its own
+    order = sorted((i for i, n in size.items() if n > 0 and ops[i].cost > 0),
+                   key=lambda i: (-ops[i].cost / size[i], i))
     step = max(1, math.ceil(len(order) / GAP_STEPS))
     return [solved.plan(lower.kept_bans | set(order[:k]), lower.price) for k in range(step, len(order), step)]
 
