@@ -20,8 +20,8 @@ from thunder_remat.policies import OpFacts
 from thunder_remat.storage import StorageMap, storage_map
 
 __all__ = ["collective_name", "is_backward", "is_backward_region", "reads_forward_values", "is_joint_trace",
-           "loss_outputs", "loss_outside", "split_joint", "ThunderSplit", "thunder_split", "forward_storages", "STALE_WRITE",
-           "in_place_destination", "in_place_writes", "leaf_ops", "TagReader", "op_facts", "TraceNames", "trace_names"]
+           "loss_outputs", "loss_outside", "split_joint", "ThunderSplit", "thunder_split", "forward_storages",
+           "STALE_WRITE", "in_place_destination", "in_place_writes", "leaf_ops", "TagReader", "op_facts", "TraceNames", "trace_names"]
 
 _COLLECTIVE_NAMES = frozenset({"all_gather", "all_reduce", "reduce_scatter", "broadcast", "wait", "synchronize",
                                "pack_for_fsdp", "unpack_for_fsdp", "update_bucket_view"})

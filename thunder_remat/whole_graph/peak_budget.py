@@ -43,8 +43,8 @@ class PeakChoice:
 def choose_for_peak(trace, problem: SaveProblem, search: PlanSearch, target: int, *, window, setting,
                     timings: Timings, anchors=None, regions=None, ceiling: int | None = None,
                     above: bool = True) -> PeakChoice:
-    """The first plan of ``search``'s frontier, least recompute first, whose rewrite's estimated
-    step peak is at most ``target`` bytes; otherwise the plan with the lowest estimate.
+    """The first plan walked, least recompute first, whose rewrite's estimated step peak is at
+    most ``target`` bytes; otherwise the plan with the lowest estimate.
     ``anchors``: the checkpoint anchors' plans (``checkpoints.checkpointed_schedule``);
     ``regions``: the fusion regions the estimates model (``peak.predict_regions``).
     With ``above`` the walk starts above the fastest plan, at the plans that save more and
