@@ -224,6 +224,26 @@ def test_plans_above_the_fastest_save_more_recompute_less_and_end_recomputing_no
     assert above[-1].recomputed == () and above[-1].saved_bytes == p.storage_bytes(needed)
 
 
+def test_a_value_saved_by_a_ban_above_the_fastest_is_explained_by_the_budgets_room():
+    """A chain plan above the fastest bans ops the fastest plan recomputes: the values it saves for
+    them are explained so, not as the cut's choice."""
+    from thunder_remat.whole_graph.reasons import SAVED_FOR_ROOM, plan_reasons
+
+    explained = 0
+    for seed in range(20):
+        p = random_problem(random.Random(seed))
+        search = PlanSearch(build_frontier(p))
+        extra_of = {q: q.kept_bans - search.frontier.fastest.kept_bans for q in search.plans_above_fastest()}
+        producer = p.producer_of()
+        for plan, extra in extra_of.items():
+            reasons = plan_reasons(p, plan)
+            for name in plan.saved:
+                if name in producer and producer[name].index in extra and not producer[name].hard_ban:
+                    assert reasons.saved[name] == SAVED_FOR_ROOM, (seed, name)
+                    explained += 1
+    assert explained > 0
+
+
 def test_filling_between_the_corners_above_the_fastest_gets_closer_to_brute_force(monkeypatch):
     """Over random problems with at most 8 ops a plan may recompute and every byte target above the
     fastest plan, the least recompute among the plans above it that fit is more than the best over
