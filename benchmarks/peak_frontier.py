@@ -196,19 +196,11 @@ def _model_workload(args) -> Workload:
 
 def with_loss_inside(work: Workload) -> Workload:
     """``work`` with its loss computed inside the module that configurations compile."""
-    from torch import nn
-
-    class ModelAndLoss(nn.Module):
-        def __init__(self, model):
-            super().__init__()
-            self.inner = model  # find_blocks looks inside
-
-        def forward(self, *args, **kwargs):
-            return work.loss(self.inner(*args, **kwargs))
+    from model_zoo import WithLoss
 
     def build():
         model, inputs, kwargs = work.build()
-        return ModelAndLoss(model), inputs, kwargs
+        return WithLoss(model, work.loss), inputs, kwargs
 
     return Workload(work.label + ", loss inside the compiled module", build, lambda out: out)
 
@@ -217,7 +209,7 @@ def find_blocks(model):
     """The model's repeated blocks (of every ``BLOCK_PATHS`` list it has), or None."""
     from torch import nn
 
-    model = getattr(model, "inner", model)  # --loss-inside
+    model = getattr(model, "inner", model)  # --loss-inside: model_zoo.WithLoss
     blocks = {}
     for path in BLOCK_PATHS:
         node = model

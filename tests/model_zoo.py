@@ -37,7 +37,7 @@ from dataclasses import dataclass
 import torch
 
 __all__ = ["ZooShape", "ZOO_SHAPES", "ZooModel", "ZOO", "zoo_model", "zoo_names", "available", "causal_mask",
-           "ZooRun", "run_zoo_model", "eager_gradients", "same_gradients"]
+           "ZooRun", "run_zoo_model", "eager_gradients", "WithLoss", "same_gradients"]
 
 VOCAB = 128
 
@@ -448,6 +448,18 @@ def run_zoo_model(entry: ZooModel, executors, size: str = "small", **options) ->
     out, saved = saved_for_backward(jitted, **inputs)
     _loss(entry, out).backward()
     return ZooRun(jitted, [p.grad for p in model.parameters()], saved)
+
+
+class WithLoss(torch.nn.Module):
+    """A model and the loss a caller takes of its output, as one module: compiled together, the
+    trace (and thunder_remat's step-peak estimate) holds the loss and its backward."""
+
+    def __init__(self, model: torch.nn.Module, loss: Callable) -> None:
+        super().__init__()
+        self.inner, self.loss = model, loss
+
+    def forward(self, *args, **kwargs):
+        return self.loss(self.inner(*args, **kwargs))
 
 
 def same_gradients(a: list, b: list, atol: float = 1e-5, rtol: float = 1e-4) -> bool:

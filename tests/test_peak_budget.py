@@ -12,17 +12,6 @@ from thunder_remat.inspect.measure import allocator_step_peak
 from thunder_remat.whole_graph.peak import estimate_peak_bytes
 from thunder_remat.whole_graph.run import BudgetInfeasibleWarning
 
-class _WithLoss(torch.nn.Module):
-    """The model and the loss as one module: the loss's backward runs inside the compiled step."""
-
-    def __init__(self, model):
-        super().__init__()
-        self.model = model
-
-    def forward(self, x):
-        return self.model(x).float().pow(2).mean()
-
-
 def _step(name, executors=(), loss_inside=False, with_jitted=False, **options):
     """A built-in model at its tiny size, jitted (with the loss when ``loss_inside``); one warm-up
     step, then one measured by the allocator. Returns (the plan, the measured peak, the parameters'
@@ -33,7 +22,9 @@ def _step(name, executors=(), loss_inside=False, with_jitted=False, **options):
     model = build_model(name, "tiny")
     x = example_batch(model)
     if loss_inside:
-        model = _WithLoss(model)
+        from model_zoo import WithLoss
+
+        model = WithLoss(model, lambda out: out.float().pow(2).mean())
     jm = thunder.jit(model, executors=list(executors), remat=True, **options)
 
     def step():  # the output is not held through the backward (the estimate's assumption)

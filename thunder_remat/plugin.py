@@ -156,20 +156,11 @@ def plan_joint_trace(trace, executor: RematFusionExecutor):
                                    ceiling=ceiling)
     planned = result.status is not PassStatus.FAILED
     stash("session", replace(session, saved_set_planned=planned,
-                             planned_below_fastest=planned and _below_fastest(result.choice),
+                             planned_below_fastest=planned and result.below_fastest,
                              prologue=result.prologue))
     record_provenance(result.provenance())
     stash("save_result", result)
     return result.trace
-
-
-def _below_fastest(choice) -> bool:
-    """The plan was chosen below the fastest (a fraction under 1.0 or a tight peak budget): the
-    user asked for memory. A peak budget with room takes a plan above the fastest, compiled as the
-    fastest is."""
-    return (choice is not None and choice.frontier is not None
-            and choice.plan.recomputed != choice.frontier.fastest.recomputed
-            and choice.plan.saved_bytes <= choice.frontier.fastest.saved_bytes)
 
 
 def _finalize(trace, bsyms):

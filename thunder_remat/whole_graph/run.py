@@ -116,6 +116,14 @@ class SavePassResult(PassResult):
                 and self.choice.plan.saved_bytes > self.choice.frontier.fastest.saved_bytes)
 
     @property
+    def below_fastest(self) -> bool:
+        """The plan was chosen below the fastest (a fraction under 1.0, a tight peak budget): the
+        user asked for memory, and the regions run in the rewrite's order. A plan above the fastest
+        compiles as the fastest does."""
+        return (self.choice is not None and self.choice.frontier is not None and not self.above_fastest
+                and self.choice.plan.recomputed != self.choice.frontier.fastest.recomputed)
+
+    @property
     def peak_budget(self) -> bool:
         """The budget is a step peak (``"peak:6GiB"``)."""
         return self.budget is not None and BudgetKind(self.budget[0]) is BudgetKind.PEAK
