@@ -241,7 +241,7 @@ def test_a_no_grad_call_is_reported_as_an_inference_compilation():
 def test_given_a_step_explain_reports_the_measured_peak_beside_the_estimate():
     """explain(jm, step=...) runs the step once under the allocator and reports its peak beside
     thunder_remat's estimate (default executors: no fusion region, where the estimate is exact to a
-    few bytes)."""
+    few bytes), and where the estimated peak is and what is alive there."""
     torch.manual_seed(0)
     model = build_model("llama", "tiny")
     x = example_batch(model)
@@ -259,6 +259,12 @@ def test_given_a_step_explain_reports_the_measured_peak_beside_the_estimate():
     assert f"step peak: estimated {estimate:,} B; measured {report.peak_measured:,} B" in str(report)
     assert json.loads(json.dumps(report.to_dict()))["peak_measured"] == report.peak_measured
     assert thunder_remat.explain(jm).peak_measured is None
+    # and what the estimate holds there, kind by kind, adding up to it
+    at = report.peak_at
+    assert at is thunder_remat.last_save_plan(jm).peak_at and at.peak == estimate and at.in_backward
+    assert sum(at.by_kind.values()) == estimate and "saved for backward" not in at.by_kind  # 0.0 saves nothing
+    assert f"at the estimated peak (backward op {at.position} of the joint trace, {at.op}): " in str(report)
+    assert json.loads(json.dumps(report.to_dict()))["peak_at"]["by_kind"] == at.by_kind
 
 
 def test_explain_prints_the_reasons_the_passes_recorded():

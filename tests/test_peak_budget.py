@@ -106,6 +106,42 @@ def test_a_peak_budget_with_room_recomputes_less_than_the_fastest_plan():
     assert plan.choice.plan.recompute_cost == 0.0
 
 
+@pytest.mark.unit
+def test_the_estimated_peak_is_broken_down_by_what_is_alive_there():
+    """The chain trace (every value 4x16 float32, 256 B): its peak is at the backward's first op,
+    get_grad, holding exp's and sin's outputs (what the backward reads), the output the loss reads
+    and its cotangent; the breakdown adds up to the estimate."""
+    from builders import chain_joint_trace
+    from thunder_remat.whole_graph.peak import peak_breakdown
+
+    trace, values = chain_joint_trace()
+    at = peak_breakdown(trace)
+    cotangent = trace.bound_symbols[at.position].flat_proxy_outs[0].name
+    assert (at.peak, at.op, at.in_backward) == (1024, "get_grad", True) and at.peak == estimate_peak_bytes(trace)
+    assert at.by_kind == {"saved for backward": 512, "outputs": 256, "backward values": 256}
+    assert sorted(at.largest) == sorted([(values["a"].name, 256, "saved for backward"),
+                                         (values["b"].name, 256, "saved for backward"),
+                                         (values["c"].name, 256, "outputs"), (cotangent, 256, "backward values")])
+
+
+@pytest.mark.unit
+def test_a_rewrites_estimated_peak_counts_its_copies_as_recomputed():
+    """Budget 0.0 on the chain trace: nothing saved; at the peak the backward holds its copies of
+    exp's and sin's outputs and two of its own values. The pass records the breakdown of the
+    rewrite it returns, at the peak it reports."""
+    from builders import chain_joint_trace
+    from thunder_remat.config import RematConfig
+    from thunder_remat.whole_graph.run import plan_saved_values
+
+    trace, values = chain_joint_trace()
+    result = plan_saved_values(trace, RematConfig(memory_budget=0.0))
+    at = result.peak_at
+    assert at.peak == result.peak_estimate == estimate_peak_bytes(result.trace, prologue=result.prologue) == 1024
+    assert at.by_kind == {"recomputed": 512, "backward values": 512} and at.in_backward
+    recomputed = sorted(name for name, _, kind in at.largest if kind == "recomputed")
+    assert recomputed == sorted(f"rc_{values[k].name}" for k in "ab")
+
+
 @pytest.mark.jit
 @pytest.mark.inductor
 def test_the_estimate_holds_what_a_torch_compile_region_reads_until_it_returns():

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from thunder_remat.pairs.run import PairRecord
+    from thunder_remat.whole_graph.peak import PeakBreakdown
 
 __all__ = ["SavedValue", "RecomputedValue", "RematReport", "explain"]
 
@@ -84,6 +85,8 @@ class RematReport:
     peak_estimate: int | None = None
     #: the step's peak the allocator measured, when ``explain`` was given a step to run (bytes)
     peak_measured: int | None = None
+    #: where the estimated peak is in the rewritten joint trace and what is alive there
+    peak_at: PeakBreakdown | None = None
     #: the order the backward runs in (``remat_reorder_backward``): "trace" or a greedy order's name
     backward_order: str = "trace"
 
@@ -122,6 +125,7 @@ class RematReport:
             "training_compilations": list(self.training_compilations),
             "peak_estimate": self.peak_estimate,
             "peak_measured": self.peak_measured,
+            "peak_at": None if self.peak_at is None else asdict(self.peak_at),
             "backward_order": self.backward_order,
         }
 
@@ -153,6 +157,12 @@ class RematReport:
             if self.peak_measured is not None:
                 parts.append(f"measured {self.peak_measured:,} B (the step given to explain, by the allocator)")
             lines.append("  step peak: " + "; ".join(parts))
+        if self.peak_at is not None:
+            at = self.peak_at
+            kinds = ", ".join(f"{kind} {n:,} B" for kind, n in at.by_kind.items())
+            largest = ", ".join(f"{name} {n:,} B ({kind})" for name, n, kind in at.largest)
+            lines.append(f"  at the estimated peak ({'backward' if at.in_backward else 'forward'} op {at.position} of "
+                         f"the joint trace, {at.op}): {kinds}; largest: {largest}")
         if self.backward_order != "trace":
             lines.append(f"  backward run in the {self.backward_order!r} order (the lowest estimated step peak of "
                          "the trace's own and the greedy orders of whole_graph.reorder; remat_reorder_backward)")
@@ -241,6 +251,7 @@ def explain(jitted, compilation: int | None = None, *, step=None, device="cpu") 
         report.recompute_cost, report.recompute_unit = plan.recompute_cost, problem.cost_unit
         report.rewritten_cost = save.rewritten_cost
         report.peak_estimate = save.peak_estimate
+        report.peak_at = save.peak_at
         report.backward_order = save.backward_order
         report.times_ms.update(_times("whole-graph", save))
         ops = {op.index: op for op in problem.ops}

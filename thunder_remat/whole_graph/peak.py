@@ -17,11 +17,13 @@ from dataclasses import dataclass
 
 from thunder_remat.fusion_regions import KernelKind, KernelModel, kernel_kind, runs_convolution, uses_op
 from thunder_remat.solvers.region_cuts import made_then_written, region_cuts
-from thunder_remat.trace_facts import TagReader, forward_storages, in_place_destination, is_backward, loss_outputs
+from thunder_remat.trace_facts import (TagReader, forward_storages, in_place_destination, is_backward, loss_outputs,
+                                       trace_names)
 from thunder_remat.whole_graph.rewrite import CopySchedule
 from thunder_remat.storage import StorageMap
 
-__all__ = ["RegionModel", "compiled_kernels", "estimate_peak_bytes", "estimate_schedule_peak", "predict_regions"]
+__all__ = ["PEAK_KINDS", "PeakBreakdown", "RegionModel", "compiled_kernels", "estimate_peak_bytes",
+           "estimate_schedule_peak", "peak_breakdown", "predict_regions"]
 
 
 def estimate_peak_bytes(trace, regions: RegionModel | None = None, prologue=frozenset(),
@@ -31,6 +33,65 @@ def estimate_peak_bytes(trace, regions: RegionModel | None = None, prologue=froz
     ``storages``: its ``forward_storages(trace, with_backward=True)`` when known (a reordered
     backward has the same)."""
     return estimate_schedule_peak(CopySchedule(trace), storages, regions=regions, prologue=prologue)
+
+
+#: what the storages alive at the estimated peak are, in the order ``PeakBreakdown`` lists them
+PEAK_KINDS = ("saved for backward", "recomputed", "gradients", "backward values", "outputs", "forward values")
+
+
+@dataclass(frozen=True)
+class PeakBreakdown:
+    """Where the estimated step peak of a (rewritten) joint trace is and what is alive there: the
+    answer to "why is the peak this high" that a saved-bytes report cannot give."""
+
+    peak: int
+    #: the position of the bound symbol at the peak in the trace, its name, and whether it is a
+    #: backward op
+    position: int
+    op: str
+    in_backward: bool
+    #: bytes alive at the peak by kind (``PEAK_KINDS``; kinds with none left out): forward values
+    #: the backward reads ("saved for backward"), the rewrite's copies ("recomputed", ``rc_`` names),
+    #: the gradients the backward returns, its other values (cotangents, partial gradients,
+    #: temporaries), the outputs the loss reads; "forward values" where the peak is in the forward
+    by_kind: dict
+    #: the largest storages alive there, largest first: (the name that made it, bytes, kind)
+    largest: tuple
+
+
+def peak_breakdown(trace, regions: RegionModel | None = None, prologue=frozenset(),
+                   storages: StorageMap | None = None, top: int = 5) -> PeakBreakdown:
+    """The ``PeakBreakdown`` of ``trace`` as ``estimate_peak_bytes`` walks it (the same arguments)."""
+    if storages is None:
+        storages = forward_storages(trace, with_backward=True)
+    peak, position, alive = estimate_schedule_peak(CopySchedule(trace), storages, regions, detail=True,
+                                                   prologue=prologue)
+    bsyms = trace.bound_symbols
+    names = trace_names(trace)
+    made_at: dict = {}
+    for at, outs in enumerate(names.tensor_outs):
+        for name in outs:
+            made_at.setdefault(storages.owner.get(name, name), at)
+    outputs = loss_outputs(trace)
+    gradients = {storages.owner.get(n, n) for n in names.tensor_reads[-1] if n not in outputs}
+    outputs = {storages.owner.get(n, n) for n in outputs}
+    in_backward = is_backward(bsyms[position])
+
+    def kind(storage) -> str:
+        if storage in gradients:
+            return "gradients"
+        if storage in outputs:
+            return "outputs"
+        at = made_at.get(storage)
+        if at is None or not is_backward(bsyms[at]):
+            return "saved for backward" if in_backward else "forward values"
+        return "recomputed" if str(storage).startswith("rc_") else "backward values"
+
+    sized = sorted(((str(storage), life[2], kind(storage)) for storage, life in alive.items() if life[2] > 0),
+                   key=lambda item: (-item[1], item[0]))
+    by_kind = {k: sum(n for _, n, of in sized if of == k) for k in PEAK_KINDS}
+    return PeakBreakdown(peak, position, bsyms[position].sym.name, in_backward,
+                         {k: n for k, n in by_kind.items() if n}, tuple(sized[:top]))
 
 
 @dataclass(frozen=True)

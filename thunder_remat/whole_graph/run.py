@@ -21,7 +21,7 @@ from thunder_remat.trace_facts import forward_storages, loss_outside
 from thunder_remat.whole_graph.reasons import PlanReasons, plan_reasons
 from thunder_remat.whole_graph.analysis import build_save_problem
 from thunder_remat.whole_graph.checkpoints import anchor_fractions, checkpointed_schedule
-from thunder_remat.whole_graph.peak import estimate_peak_bytes, predict_regions
+from thunder_remat.whole_graph.peak import PeakBreakdown, estimate_peak_bytes, peak_breakdown, predict_regions
 from thunder_remat.whole_graph.frontier_walk import plans_ahead, walk_frontier
 from thunder_remat.whole_graph.peak_budget import choose_for_peak
 from thunder_remat.whole_graph.reorder import lowest_peak_order
@@ -76,6 +76,8 @@ class SavePassResult(PassResult):
     peak_estimate_without_checkpoints: int | None = None
     #: with "auto": the estimated step peak with each anchor chain tried (a tuple of budget fractions)
     anchor_estimates: dict = field(default_factory=dict)
+    #: where the estimated step peak of the rewrite used is and what is alive there (None: not estimated)
+    peak_at: PeakBreakdown | None = None
     #: activation bytes Thunder alone saves with the compilation's fusion executors (None: not
     #: asked, no fusion executor, or a saved-bytes budget); fraction 1.0 saves no more, and a peak
     #: budget walks no plan that saves more
@@ -293,6 +295,10 @@ def plan_saved_values(trace, config, *, zero3: bool = False, fusible=None, kerne
                 return result
         result.trace = new
         result.prologue = prologue
+        if result.peak_estimate is not None:
+            with timings.stage("estimate"):
+                built = predict_regions(new, fusible, config.split_regions, kernels) if fusible is not None else None
+                result.peak_at = peak_breakdown(new, built, prologue)
         changed = result.copied_ops or result.backward_order != "trace"
         result.status = PassStatus.REWRITTEN if changed else PassStatus.UNCHANGED
     except Exception as exc:  # containment: leave the trace as Thunder made it
