@@ -56,9 +56,12 @@ def test_a_peak_budget_is_met_and_lower_budgets_never_raise_the_peak():
     compiled model: the plan chosen is the first, least recompute first, whose estimate fits, never
     above the fastest; without fusion the allocator's peak stays within the budget; the measured
     peak never rises as the budget falls."""
-    with pytest.warns(BudgetInfeasibleWarning, match="estimated step peak"):
+    with pytest.warns(BudgetInfeasibleWarning, match="estimated step peak") as caught:
         lowest_plan, _, _ = _step("gpt", remat_memory_budget="peak:1B")
     lowest = lowest_plan.peak_estimate
+    at = lowest_plan.peak_at  # the warning says what that peak is made of
+    infeasible = [str(w.message) for w in caught if w.category is BudgetInfeasibleWarning]
+    assert at.peak == lowest and f"(at its peak, {at.where()}: {at.kinds()})" in infeasible[0]
     fastest, _, _ = _step("gpt", remat_memory_budget=1.0)
     highest = estimate_peak_bytes(fastest.trace)
     assert lowest < highest

@@ -158,11 +158,8 @@ class RematReport:
                 parts.append(f"measured {self.peak_measured:,} B (the step given to explain, by the allocator)")
             lines.append("  step peak: " + "; ".join(parts))
         if self.peak_at is not None:
-            at = self.peak_at
-            kinds = ", ".join(f"{kind} {n:,} B" for kind, n in at.by_kind.items())
-            largest = ", ".join(f"{name} {n:,} B ({kind})" for name, n, kind in at.largest)
-            lines.append(f"  at the estimated peak ({'backward' if at.in_backward else 'forward'} op {at.position} of "
-                         f"the joint trace, {at.op}): {kinds}; largest: {largest}")
+            largest = ", ".join(f"{name} {n:,} B ({kind})" for name, n, kind in self.peak_at.largest)
+            lines.append(f"  at the estimated peak ({self.peak_at.where()}): {self.peak_at.kinds()}; largest: {largest}")
         if self.backward_order != "trace":
             lines.append(f"  backward run in the {self.backward_order!r} order (the lowest estimated step peak of "
                          "the trace's own and the greedy orders of whole_graph.reorder; remat_reorder_backward)")

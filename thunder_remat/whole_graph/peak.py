@@ -58,6 +58,12 @@ class PeakBreakdown:
     #: the largest storages alive there, largest first: (the name that made it, bytes, kind)
     largest: tuple
 
+    def where(self) -> str:
+        return f"{'backward' if self.in_backward else 'forward'} op {self.position} of the joint trace, {self.op}"
+
+    def kinds(self) -> str:
+        return ", ".join(f"{kind} {n:,} B" for kind, n in self.by_kind.items())
+
 
 def peak_breakdown(trace, regions: RegionModel | None = None, prologue=frozenset(),
                    storages: StorageMap | None = None, top: int = 5) -> PeakBreakdown:

@@ -314,7 +314,8 @@ def plan_saved_values(trace, config, *, zero3: bool = False, fusible=None, kerne
         warnings.warn(
             f"thunder_remat: remat_memory_budget {config.memory_budget!r} asks for an estimated step peak of at "
             f"most {int(config.budget[1])} B, but the lowest estimate of any plan is {result.peak_estimate} B; "
-            "using that plan",
+            "using that plan" + (f" (at its peak, {result.peak_at.where()}: {result.peak_at.kinds()})"
+                                 if result.peak_at is not None else ""),
             BudgetInfeasibleWarning,
             stacklevel=2,
         )
