@@ -224,13 +224,18 @@ def bytes_crossing(forward, backward) -> Crossing:
 def most_copies_of_a_chained_op(plan) -> int:
     """The most copies the rewrite of ``plan`` (a ``SavePassResult``) made of one recomputed op that
     reads another recomputed op's value: the ops ``rewrite.MAX_CHEAP_COPIES`` bounds (an op that
-    reads none is made again at each far use)."""
+    reads none is made again at each far use, and so are the views of what it makes)."""
     from collections import Counter
 
-    from thunder_remat.whole_graph.rewrite import reads_recomputed
+    from thunder_remat.whole_graph.rewrite import reads_recomputed, remade_at_every_far_use
 
     recomputed = set(plan.choice.plan.recomputed)
     ops = [op for op in plan.problem.ops if op.index in recomputed]
     producer = {name: op.index for op in ops for name in op.outputs}
-    chained = reads_recomputed({op.index: op.inputs for op in ops}, producer)
+    reads = {op.index: op.inputs for op in ops}
+    values = plan.problem.values
+    owns = {op.index: [values[out].owner == out for out in op.outputs if out in values] for op in ops}
+    remade = remade_at_every_far_use({i for i, o in owns.items() if any(o)},
+                                     {i for i, o in owns.items() if o and not any(o)}, reads, producer)
+    chained = reads_recomputed(reads, producer) - remade
     return max((n for i, n in Counter(plan.copied_ops).items() if i in chained), default=0)

@@ -170,6 +170,54 @@ def test_a_stale_copy_is_made_again_past_the_copy_bound_only_when_unbounded_and_
     assert verify(trace, build(schedule)) == []
 
 
+def test_a_stale_view_of_an_op_made_again_at_every_far_use_is_made_again_with_it():
+    """A view of what an ``unbounded`` op makes (``v``, a reshape of ``a = exp(x)``), read at far
+    uses: it is made again with ``a`` at every one (a copy costs the two ops), where as a chain
+    bounded by ``MAX_CHEAP_COPIES`` its latest copy, reused however stale, would hold ``a``'s
+    storage until the last use. An op reading the view is still a chain, and so is a view of an op
+    that is one; a view of no recomputed value holds nothing and is reused as before. The rewrite
+    passes the verifier."""
+    from collections import Counter
+
+    import thunder.torch as ltorch
+
+    from builders import joint_trace
+    from thunder_remat.whole_graph.rewrite import MAX_CHEAP_COPIES, remade_at_every_far_use, schedule_copies
+
+    chain = {}
+
+    def forward(x):
+        a = ltorch.exp(x)
+        v = ltorch.reshape(a, (8, 4))
+        c = ltorch.sin(v)
+        w = ltorch.reshape(c, (4, 8))
+        chain.update(a=a, v=v, c=c, w=w)
+        return ltorch.mul(w, 2.0)
+
+    uses = MAX_CHEAP_COPIES + 3
+
+    def backward(x, out, g):
+        t = ltorch.reshape(g, (8, 4))
+        for _ in range(uses):
+            t = ltorch.mul(ltorch.mul(ltorch.mul(t, chain["v"]), 2.0), 3.0)
+        return (ltorch.reshape(t, (4, 8)),)
+
+    trace = joint_trace(forward, backward, [("x", 4, 8)])
+    made = {b.flat_proxy_outs[0].name: i for i, b in enumerate(trace.bound_symbols) if b.flat_proxy_outs}
+    a, v, c, w = (made[chain[k].name] for k in "avcw")
+    reads = {i: tuple(p.name for p in trace.bound_symbols[i].flat_proxy_args) for i in (a, v, c, w)}
+    producer = {chain[k].name: made[chain[k].name] for k in "avcw"}
+    assert remade_at_every_far_use({a, c}, {v, w}, reads, producer) == {a, v}
+    assert remade_at_every_far_use({a, c}, set(), reads, producer) == {a}
+    # a view of no recomputed value (of the input here, a broadcast parameter in a model) is reused
+    assert remade_at_every_far_use(set(), {a}, reads, producer) == set()
+    for views, copies in ((frozenset({v}), uses), (frozenset(), MAX_CHEAP_COPIES)):
+        schedule = schedule_copies(trace, [a, v], window=1, cheap=frozenset({a, v}), unbounded=frozenset({a}),
+                                   views=views)
+        assert Counter(schedule.emitted) == {a: copies, v: copies}, views
+        assert verify(trace, build(schedule)) == []
+
+
 def test_the_backward_prologue_ends_a_region_for_the_estimate_and_the_split_alike():
     """Checkpoints made when the backward starts (``early``) are its prologue: the schedule counts
     them, the rewrite names them, and both the step-peak estimate and ``pairs.split`` cut the

@@ -119,11 +119,13 @@ def copy_schedule(trace, problem: SaveProblem, plan, window, checkpoints=(), nam
     segments = frozenset(op.index for op in problem.ops if op.index in recomputed and not op.collective
                          and op.index not in held and op.index not in cheap)
     # a cheap op that makes storage of its own may be made again at every far use rather than held,
-    # if it reads no recomputed value (``schedule_copies``); a view holds no more than what it views
-    unbounded = frozenset(op.index for op in problem.ops if op.index in cheap and op.index in recomputed
-                          and any(problem.values[out].owner == out for out in op.outputs if out in problem.values))
+    # if it reads no recomputed value, and so may its views (``rewrite.remade_at_every_far_use``)
+    owners = {op.index: [problem.values[out].owner == out for out in op.outputs if out in problem.values]
+              for op in problem.ops if op.index in cheap and op.index in recomputed}
+    unbounded = frozenset(i for i, owns in owners.items() if any(owns))
+    views = frozenset(i for i, owns in owners.items() if owns and not any(owns))
     return schedule_copies(trace, plan.recomputed, window=window, cheap=cheap, checkpoints=checkpoints,
-                           segments=segments, names=names, early=early, unbounded=unbounded)
+                           segments=segments, names=names, early=early, unbounded=unbounded, views=views)
 
 
 @dataclass

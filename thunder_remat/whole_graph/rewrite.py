@@ -20,7 +20,8 @@ from thunder.core.trace import from_trace, tracectx
 
 from thunder_remat.trace_facts import TraceNames, trace_names
 
-__all__ = ["CopySchedule", "schedule_copies", "build", "prologue_names", "reads_recomputed", "MAX_CHEAP_COPIES"]
+__all__ = ["CopySchedule", "schedule_copies", "build", "prologue_names", "reads_recomputed", "remade_at_every_far_use",
+           "MAX_CHEAP_COPIES"]
 
 
 #: a cheap op that reads a recomputed value is copied at most this many times: then its latest
@@ -28,7 +29,7 @@ __all__ = ["CopySchedule", "schedule_copies", "build", "prologue_names", "reads_
 #: (the residual stream at budget 0.0) recomputes the whole chain again, copies growing with the
 #: square of the depth. An op that reads no recomputed value is no chain: a copy costs the op alone,
 #: so one that makes storage of its own (an embedding lookup) may be made again at every far use
-#: instead of held (``schedule_copies``' ``unbounded``).
+#: instead of held, and so may a view of what it makes (``remade_at_every_far_use``).
 MAX_CHEAP_COPIES = 4
 
 
@@ -78,7 +79,7 @@ class CopySchedule:
 def schedule_copies(trace, recomputed_indices, *, window: int | None = None, cheap=frozenset(), checkpoints=(),
                     segments=frozenset(), max_cheap_copies: int = MAX_CHEAP_COPIES,
                     names: TraceNames | None = None, early: bool = False,
-                    unbounded=frozenset()) -> CopySchedule:
+                    unbounded=frozenset(), views=frozenset()) -> CopySchedule:
     """Where the backward recomputes the forward bsyms at ``recomputed_indices``.
 
     Each op is copied at the first backward use of its outputs and the copy is reused after that,
@@ -87,8 +88,9 @@ def schedule_copies(trace, recomputed_indices, *, window: int | None = None, che
     again where it is next needed, from copies of its inputs (again recomputing the cheap ones
     that went stale). The stale copy is then freed after its last read instead of living until the
     far use, which bounds how much recomputed data a long backward holds; after
-    ``max_cheap_copies`` copies of one op its latest is reused, except for ``unbounded`` ops that
-    read no recomputed value: made again at every far use (one op, no chain). Other ops (matmuls) are
+    ``max_cheap_copies`` copies of one op its latest is reused, except for ``unbounded`` ops (that
+    make storage of their own) reading no recomputed value, and the ``views`` of what they make:
+    made again at every far use (``remade_at_every_far_use``). Other ops (matmuls) are
     copied once, except ``segments`` ops: a stale copy of one made only to compute a checkpoint
     op is made again near its next use, and that copy is kept. So the backward first recomputes
     the checkpoints, holding only them, then each segment from its checkpoints where it is needed
@@ -112,7 +114,8 @@ def schedule_copies(trace, recomputed_indices, *, window: int | None = None, che
     if not recomputed_indices:
         return schedule
     scheduler = _CopyScheduler(schedule, recomputed_indices, window=window, cheap=cheap, checkpoints=checkpoints,
-                               segments=segments, max_cheap_copies=max_cheap_copies, unbounded=unbounded)
+                               segments=segments, max_cheap_copies=max_cheap_copies, unbounded=unbounded,
+                               views=views)
     scheduler.run(early)
     return schedule
 
@@ -133,7 +136,7 @@ class _CopyScheduler:
     """Fills one ``CopySchedule`` (see ``schedule_copies`` for the rules)."""
 
     def __init__(self, schedule: CopySchedule, recomputed_indices, *, window, cheap, checkpoints, segments,
-                 max_cheap_copies: int, unbounded) -> None:
+                 max_cheap_copies: int, unbounded, views) -> None:
         trace = schedule.trace
         self.schedule, self.window, self.cheap = schedule, window, cheap
         self.segments, self.max_cheap_copies, self.checkpoints = segments, max_cheap_copies, checkpoints
@@ -142,7 +145,7 @@ class _CopyScheduler:
         self.producer_index = {p.name: i for i, b in recompute.items() for p in b.flat_proxy_outs}
         self.reads_of = {i: self.names.reads[i] for i in recompute}
         self.pinned, self.first_readers = _write_groups(recompute, self.reads_of, self.names)
-        self.unbounded = unbounded - reads_recomputed(self.reads_of, self.producer_index)
+        self.unbounded = remade_at_every_far_use(unbounded, views, self.reads_of, self.producer_index)
         self.level: dict[int, int] = {}  # checkpoint op -> its level (1: outermost)
         for depth, ops in enumerate(checkpoints, start=1):
             for i in ops:
@@ -219,6 +222,23 @@ def reads_recomputed(reads_of: dict, producer_index: dict) -> frozenset[int]:
     """The recomputed ops (``reads_of``: op -> names it reads) that read a value another recomputed
     op makes (``producer_index``: name -> op): copying one again copies a chain."""
     return frozenset(i for i, reads in reads_of.items() if any(producer_index.get(n, i) != i for n in reads))
+
+
+def remade_at_every_far_use(own_storage, views, reads_of: dict, producer_index: dict) -> frozenset[int]:
+    """The recomputed ops (``reads_of``: op -> names it reads; ``producer_index``: name -> recomputed
+    op) whose stale copies are made again at every far use, however many copies that makes: those of
+    ``own_storage`` (ops that make storage of their own) that read no recomputed value (a copy costs
+    the op alone), and the ``views`` of what such an op makes, through views (a copy costs the op
+    and its views; reusing a stale view would hold the viewed storage as long as the view). A view
+    of no recomputed value (a broadcast parameter) holds nothing and is reused. Every other op that
+    reads a recomputed value is a chain, bounded by ``MAX_CHEAP_COPIES``."""
+    remade = set(own_storage) - reads_recomputed(reads_of, producer_index)
+    for i in sorted(set(views) & reads_of.keys()):  # forward order: a view of a view follows it
+        viewed = {producer_index[name] for name in reads_of[i] if producer_index.get(name, i) != i}
+        # a view of no recomputed value (a broadcast parameter) holds nothing: reused, as before
+        if viewed and viewed <= remade:
+            remade.add(i)
+    return frozenset(remade)
 
 
 def _write_groups(recompute: dict, reads_of: dict, names: TraceNames) -> tuple[set[int], dict[int, list[int]]]:
