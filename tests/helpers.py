@@ -227,15 +227,13 @@ def most_copies_of_a_chained_op(plan) -> int:
     reads none is made again at each far use, and so are the views of what it makes)."""
     from collections import Counter
 
+    from thunder_remat.whole_graph.checkpoints import storage_makers_and_views
     from thunder_remat.whole_graph.rewrite import reads_recomputed, remade_at_every_far_use
 
     recomputed = set(plan.choice.plan.recomputed)
     ops = [op for op in plan.problem.ops if op.index in recomputed]
     producer = {name: op.index for op in ops for name in op.outputs}
     reads = {op.index: op.inputs for op in ops}
-    values = plan.problem.values
-    owns = {op.index: [values[out].owner == out for out in op.outputs if out in values] for op in ops}
-    remade = remade_at_every_far_use({i for i, o in owns.items() if any(o)},
-                                     {i for i, o in owns.items() if o and not any(o)}, reads, producer)
-    chained = reads_recomputed(reads, producer) - remade
+    chained = reads_recomputed(reads, producer) - remade_at_every_far_use(
+        *storage_makers_and_views(plan.problem, recomputed), reads, producer)
     return max((n for i, n in Counter(plan.copied_ops).items() if i in chained), default=0)

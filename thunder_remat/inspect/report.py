@@ -159,7 +159,8 @@ class RematReport:
             lines.append("  step peak: " + "; ".join(parts))
         if self.peak_at is not None:
             largest = ", ".join(f"{name} {n:,} B ({kind})" for name, n, kind in self.peak_at.largest)
-            lines.append(f"  at the estimated peak ({self.peak_at.where()}): {self.peak_at.kinds()}; largest: {largest}")
+            lines.append(f"  at the estimated peak ({self.peak_at.where()}): {self.peak_at.kinds()}; "
+                         f"largest: {largest}")
         if self.backward_order != "trace":
             lines.append(f"  backward run in the {self.backward_order!r} order (the lowest estimated step peak of "
                          "the trace's own and the greedy orders of whole_graph.reorder; remat_reorder_backward)")

@@ -24,7 +24,8 @@ from thunder_remat.whole_graph.problem import SaveProblem
 from thunder_remat.whole_graph.rewrite import CopySchedule, schedule_copies
 
 __all__ = ["AUTO_ANCHORS", "AUTO_MIN_GAIN", "AUTO_TIE", "Candidate", "CheckpointChoice", "anchor_fractions",
-           "backward_checkpoints", "choose_anchor", "copy_schedule", "checkpointed_schedule"]
+           "backward_checkpoints", "choose_anchor", "copy_schedule", "checkpointed_schedule",
+           "storage_makers_and_views"]
 
 #: "auto" tries the plans at these budget fractions as checkpoint anchors ...
 AUTO_ANCHORS = (0.1, 0.2, 0.3, 0.5, 0.7)
@@ -120,12 +121,18 @@ def copy_schedule(trace, problem: SaveProblem, plan, window, checkpoints=(), nam
                          and op.index not in held and op.index not in cheap)
     # a cheap op that makes storage of its own may be made again at every far use rather than held,
     # if it reads no recomputed value, and so may its views (``rewrite.remade_at_every_far_use``)
-    owners = {op.index: [problem.values[out].owner == out for out in op.outputs if out in problem.values]
-              for op in problem.ops if op.index in cheap and op.index in recomputed}
-    unbounded = frozenset(i for i, owns in owners.items() if any(owns))
-    views = frozenset(i for i, owns in owners.items() if owns and not any(owns))
+    unbounded, views = storage_makers_and_views(problem, cheap & recomputed)
     return schedule_copies(trace, plan.recomputed, window=window, cheap=cheap, checkpoints=checkpoints,
                            segments=segments, names=names, early=early, unbounded=unbounded, views=views)
+
+
+def storage_makers_and_views(problem: SaveProblem, indices) -> tuple[frozenset[int], frozenset[int]]:
+    """Of the ops at ``indices``: those that make storage of their own, and those whose outputs all
+    view another value's storage."""
+    owns = {op.index: [problem.values[out].owner == out for out in op.outputs if out in problem.values]
+            for op in problem.ops if op.index in indices}
+    return (frozenset(i for i, own in owns.items() if any(own)),
+            frozenset(i for i, own in owns.items() if own and not any(own)))
 
 
 @dataclass
