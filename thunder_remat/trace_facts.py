@@ -20,7 +20,7 @@ from thunder_remat.policies import OpFacts
 from thunder_remat.storage import StorageMap, storage_map
 
 __all__ = ["collective_name", "is_backward", "is_backward_region", "reads_forward_values", "is_joint_trace",
-           "loss_outputs", "loss_outside", "split_joint", "ThunderSplit", "thunder_split", "forward_storages",
+           "loss_outputs", "loss_outside", "caller_loss_inputs", "split_joint", "ThunderSplit", "thunder_split", "forward_storages",
            "STALE_WRITE", "in_place_destination", "in_place_writes", "leaf_ops", "TagReader", "op_facts", "TraceNames", "trace_names"]
 
 _COLLECTIVE_NAMES = frozenset({"all_gather", "all_reduce", "reduce_scatter", "broadcast", "wait", "synchronize",
@@ -72,9 +72,15 @@ def loss_outside(trace) -> bool:
     loss reads it and makes that gradient between the forward and the backward, while everything
     the forward saved is alive, and what that loss holds is not in the trace (a model compiled
     with its loss returns a scalar)."""
+    return bool(caller_loss_inputs(trace))
+
+
+def caller_loss_inputs(trace) -> tuple:
+    """The outputs of more than one element a joint trace returns that get a gradient (``loss_outside``)."""
     outputs = loss_outputs(trace)
-    return any(bsym.sym.id == prims.PrimIDs.GET_GRAD and getattr(bsym.args[0], "name", None) in outputs
-               and math.prod(bsym.args[0].shape) > 1 for bsym in trace.bound_symbols)
+    return tuple(bsym.args[0] for bsym in trace.bound_symbols
+                 if bsym.sym.id == prims.PrimIDs.GET_GRAD and getattr(bsym.args[0], "name", None) in outputs
+                 and math.prod(bsym.args[0].shape) > 1)
 
 
 def split_joint(trace):

@@ -17,7 +17,8 @@ from thunder_remat.budget import Budget, BudgetKind
 from thunder_remat.policies import contraction_kind
 from thunder_remat.records import PassResult, PassStatus
 from thunder_remat.verify import kept_if_verified
-from thunder_remat.trace_facts import forward_storages, loss_outside
+from thunder_remat.cost import value_bytes
+from thunder_remat.trace_facts import caller_loss_inputs, forward_storages, loss_outside
 from thunder_remat.whole_graph.reasons import PlanReasons, plan_reasons
 from thunder_remat.whole_graph.analysis import build_save_problem
 from thunder_remat.whole_graph.checkpoints import anchor_fractions, checkpointed_schedule
@@ -31,7 +32,7 @@ from thunder_remat.whole_graph.problem import SaveProblem, with_measured_costs
 from thunder_remat.whole_graph.rewrite import build, prologue_names
 from thunder_remat.whole_graph.zero3 import prefetch_regathers
 
-__all__ = ["SavePassResult", "plan_saved_values", "BudgetInfeasibleWarning", "UnmodelledPeakWarning"]
+__all__ = ["SavePassResult", "plan_saved_values", "BudgetInfeasibleWarning", "UnmodelledPeakWarning", "LossOutsideWarning"]
 
 log = logging.getLogger(__name__)
 
@@ -44,6 +45,11 @@ class BudgetInfeasibleWarning(UserWarning):
 class UnmodelledPeakWarning(UserWarning):
     """A peak budget is held to an estimate that does not model how some fusion region holds
     memory: the measured peak may be above the budget."""
+
+
+class LossOutsideWarning(UnmodelledPeakWarning):
+    """A peak budget is held to an estimate that leaves out the caller's loss (the compiled
+    function returns what the loss reads): its memory comes on top of what is saved."""
 
 
 #: what a peak budget's estimate leaves out when the loss is the caller's
@@ -336,6 +342,16 @@ def plan_saved_values(trace, config, *, zero3: bool = False, fusible=None, kerne
             f"thunder_remat: remat_memory_budget {config.memory_budget!r} is compared with an estimated step peak "
             f"that does not model {unmodelled}; the measured peak may be above the budget",
             UnmodelledPeakWarning,
+            stacklevel=2,
+        )
+    if peak_budget and result.loss_outside:
+        handed = sum(value_bytes(p) for p in caller_loss_inputs(trace))
+        warnings.warn(
+            f"thunder_remat: remat_memory_budget {config.memory_budget!r} is compared with an estimated step peak "
+            f"that leaves out the caller's loss: the compiled function returns {handed} B of outputs that get "
+            "gradients, and that loss and its backward run on top of what is saved; the measured peak may be above "
+            "the budget (compile the loss with the model, returning it, to count it)",
+            LossOutsideWarning,
             stacklevel=2,
         )
     log.info("%s", result.provenance())
