@@ -19,7 +19,7 @@ from thunder_remat.fusion_regions import KernelKind, KernelModel, kernel_kind, r
 from thunder_remat.solvers.region_cuts import made_then_written, region_cuts
 from thunder_remat.trace_facts import (TagReader, forward_storages, in_place_destination, is_backward, loss_outputs,
                                        trace_names)
-from thunder_remat.whole_graph.rewrite import CopySchedule
+from thunder_remat.whole_graph.rewrite import COPY_PREFIX, CopySchedule
 from thunder_remat.storage import StorageMap
 
 __all__ = ["PEAK_KINDS", "PeakBreakdown", "RegionModel", "compiled_kernels", "estimate_peak_bytes",
@@ -91,7 +91,7 @@ def peak_breakdown(trace, regions: RegionModel | None = None, prologue=frozenset
         at = made_at.get(storage)
         if at is None or not is_backward(bsyms[at]):
             return "saved for backward" if in_backward else "forward values"
-        return "recomputed" if str(storage).startswith("rc_") else "backward values"
+        return "recomputed" if str(storage).startswith(COPY_PREFIX) else "backward values"
 
     sized = sorted(((str(storage), life[2], kind(storage)) for storage, life in alive.items() if life[2] > 0),
                    key=lambda item: (-item[1], item[0]))

@@ -21,7 +21,7 @@ from thunder.core.trace import from_trace, tracectx
 from thunder_remat.trace_facts import TraceNames, trace_names
 
 __all__ = ["CopySchedule", "schedule_copies", "build", "prologue_names", "reads_recomputed", "remade_at_every_far_use",
-           "MAX_CHEAP_COPIES"]
+           "MAX_CHEAP_COPIES", "COPY_PREFIX"]
 
 
 #: a cheap op that reads a recomputed value is copied at most this many times: then its latest
@@ -31,6 +31,9 @@ __all__ = ["CopySchedule", "schedule_copies", "build", "prologue_names", "reads_
 #: so one that makes storage of its own (an embedding lookup) may be made again at every far use
 #: instead of held, and so may a view of what it makes (``remade_at_every_far_use``).
 MAX_CHEAP_COPIES = 4
+
+#: the names the rewrite gives its copies start with this (``rc_<name>``, ``rc_<name>_0``, ...)
+COPY_PREFIX = "rc_"
 
 
 @dataclass
@@ -285,10 +288,10 @@ def build(schedule: CopySchedule):
 
     def copy_name(name: str) -> str:
         k = copies_of.get(name, -1)
-        candidate = f"rc_{name}" if k < 0 else f"rc_{name}_{k}"
+        candidate = f"{COPY_PREFIX}{name}" if k < 0 else f"{COPY_PREFIX}{name}_{k}"
         while new.has_name(candidate):
             k += 1
-            candidate = f"rc_{name}_{k}"
+            candidate = f"{COPY_PREFIX}{name}_{k}"
         copies_of[name] = k + 1
         return candidate
 

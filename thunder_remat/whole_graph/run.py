@@ -22,7 +22,9 @@ from thunder_remat.trace_facts import caller_loss_inputs, forward_storages, loss
 from thunder_remat.whole_graph.reasons import PlanReasons, plan_reasons
 from thunder_remat.whole_graph.analysis import build_save_problem
 from thunder_remat.whole_graph.checkpoints import anchor_fractions, checkpointed_schedule
-from thunder_remat.whole_graph.peak import PeakBreakdown, estimate_peak_bytes, peak_breakdown, predict_regions
+from thunder_remat.storage import StorageMap
+from thunder_remat.whole_graph.peak import (PeakBreakdown, RegionModel, estimate_peak_bytes, peak_breakdown,
+                                           predict_regions)
 from thunder_remat.whole_graph.frontier_walk import plans_ahead, walk_frontier
 from thunder_remat.whole_graph.peak_budget import choose_for_peak
 from thunder_remat.whole_graph.reorder import lowest_peak_order
@@ -302,9 +304,12 @@ def plan_saved_values(trace, config, *, zero3: bool = False, fusible=None, kerne
         result.trace = new
         result.prologue = prologue
         if result.peak_estimate is not None:
-            with timings.stage("estimate"):
-                built = predict_regions(new, fusible, config.split_regions, kernels) if fusible is not None else None
-                result.peak_at = peak_breakdown(new, built, prologue)
+            with timings.stage("estimate"):  # the reorder's storages and regions of this trace, where it ran
+                if ordered.storages is not None:
+                    built = ordered.regions
+                else:
+                    built = predict_regions(new, fusible, config.split_regions, kernels) if fusible is not None else None
+                result.peak_at = peak_breakdown(new, built, prologue, ordered.storages)
         changed = result.copied_ops or result.backward_order != "trace"
         result.status = PassStatus.REWRITTEN if changed else PassStatus.UNCHANGED
     except Exception as exc:  # containment: leave the trace as Thunder made it
@@ -361,11 +366,14 @@ def plan_saved_values(trace, config, *, zero3: bool = False, fusible=None, kerne
 @dataclass(frozen=True)
 class _Ordered:
     """A rewrite with its backward in the order chosen for it: the order's name
-    (``whole_graph.reorder.ORDERS`` or "trace") and its estimated step peak (None: not estimated)."""
+    (``whole_graph.reorder.ORDERS`` or "trace") and its estimated step peak (None: not estimated),
+    with the storages and regions that estimate walked (None: not estimated)."""
 
     trace: object
     peak: int | None
     order: str
+    storages: StorageMap | None = None
+    regions: RegionModel | None = None
 
 
 def _lowest_peak_order(trace, prologue, fusible, kernels, split: bool) -> _Ordered:
@@ -385,15 +393,18 @@ def _lowest_peak_order(trace, prologue, fusible, kernels, split: bool) -> _Order
     # an order of the same bound symbols shares the trace's storages (nothing moves across an
     # in-place write: reorder.backward_order_problem)
     storages = forward_storages(trace, with_backward=True)
+    predicted = []  # each candidate with its regions: the chosen one's are kept
 
     def estimate(candidate) -> int:
         if candidate is trace:
             regions = own_regions
         else:
             regions = predict_regions(candidate, fusible, split, kernels) if fusible is not None else None
+        predicted.append((candidate, regions))
         return estimate_peak_bytes(candidate, regions, prologue, storages)
 
-    return _Ordered(*lowest_peak_order(trace, estimate, prologue))
+    best, peak, order = lowest_peak_order(trace, estimate, prologue)
+    return _Ordered(best, peak, order, storages, next(r for c, r in predicted if c is best))
 
 
 def _ask_ceiling(trace, problem: SaveProblem, fusible, ceiling) -> int | None:
