@@ -9,7 +9,7 @@ import pytest
 
 from thunder_remat.solvers.split_network import Side, Terminal, ValueNode
 from thunder_remat.whole_graph.planner import PlanSearch, SaveNetworks, _fill, build_frontier, choose_fastest
-from thunder_remat.whole_graph.problem import ForwardOp, ForwardValue, SaveProblem
+from thunder_remat.whole_graph.problem import ForwardOp, ForwardValue, SaveProblem, nested_within
 from thunder_remat.solvers.maxflow import min_cut
 
 pytestmark = pytest.mark.unit
@@ -418,3 +418,57 @@ def test_shared_networks_give_each_plan_a_one_off_cut_gives(seed):
         net = networks.network(kept, price)
         assert networks.plan_from_cut(min_cut(net.network), kept, price) == plan
         assert valid(p, plan)
+
+
+def test_a_nested_problem_saves_only_what_the_outer_plan_saves():
+    """Nested within a plan saving h2, r1 and r2 (h1 recomputed): h1's matmul ban is dropped (its
+    output may not be saved), the others hold; every byte target gets the least recompute of
+    the plans saving only those values (h1 always recomputed, 1,000 flops)."""
+    p = two_layer_problem()
+    nested = nested_within(p, ("h2", "r1", "r2", "x"))
+    assert [op.soft_ban for op in nested.ops] == [None, "small reduction", "matmul", "small reduction"]
+    assert not nested.may_save("h1") and nested.may_save("h2") and p.may_save("h1")
+    search = PlanSearch(build_frontier(nested))
+    chosen = {t: search.choose(("bytes", t)).plan for t in (208, 108, 104, 100, 8, 4, 0)}
+    assert {t: (q.saved, q.recompute_cost) for t, q in chosen.items()} == {
+        208: (("h2", "r1", "r2", "x"), 1000.0), 108: (("h2", "r1", "r2", "x"), 1000.0),
+        104: (("h2", "r1", "x"), 1100.0), 100: (("h2", "x"), 1200.0), 8: (("r1", "r2", "x"), 2000.0),
+        4: (("r1", "x"), 2100.0), 0: (("x",), 2200.0)}
+    assert all(valid(p, q) for q in chosen.values())
+
+
+def _least_bytes_within(p: SaveProblem, savable) -> int:
+    """Second solver: the fewest bytes of any subset of ``savable`` from which (with the inputs)
+    the backward's values can be made again, trying every subset."""
+    ops = [op for op in p.ops if op.hard_ban is None]
+    inputs = {n for n, v in p.values.items() if v.is_input}
+    best = math.inf
+    for k in range(len(savable) + 1):
+        for subset in itertools.combinations(savable, k):
+            made, grew = inputs | set(subset), True
+            while grew:
+                grew = False
+                for op in ops:
+                    if not set(op.outputs) <= made and set(op.inputs) <= made:
+                        made |= set(op.outputs)
+                        grew = True
+            if set(p.needed_by_backward) <= made:
+                best = min(best, p.storage_bytes(subset))
+    return best
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_plans_nested_within_a_frontier_plan_fit_its_bytes_and_the_smallest_is_the_least(seed):
+    """Nested within each plan of a random problem's frontier: every plan saves only what that plan
+    saves (and inputs) and is valid; a budget of that plan's bytes always has a plan; the smallest
+    saves as few bytes as every subset tried one by one allows."""
+    p = random_problem(random.Random(seed))
+    inputs = {n for n, v in p.values.items() if v.is_input}
+    for outer in build_frontier(p).plans:
+        nested = nested_within(p, outer.saved)
+        frontier = build_frontier(nested)
+        for q in frontier.plans:
+            assert set(q.saved) <= set(outer.saved) | inputs and valid(p, q)
+        assert PlanSearch(frontier).choose(("bytes", outer.saved_bytes)).feasible
+        savable = sorted(set(outer.saved) - inputs)
+        assert frontier.smallest.saved_bytes == _least_bytes_within(p, savable)

@@ -52,8 +52,11 @@ def _frontier(source):
 
 
 def sweep_budgets(source, budgets=DEFAULT_SWEEP) -> list[SweepPoint]:
-    """Saved bytes and estimated recompute of the plan each budget would choose (it solves: min
-    cuts for the budgets that fall between the frontier's plans, as the pass itself would)."""
+    """Saved bytes and estimated recompute of the plan each budget chooses from the frontier (it
+    solves: min cuts for the budgets that fall between the frontier's plans, as the pass itself
+    would). Below 1.0 the pass may instead take a plan nested within a lower-peak rewrite above it
+    (``whole_graph.frontier_walk``; its ``choice.within`` is set), which saves less and recomputes
+    more than this point: ``last_save_plan(fn).choice.plan`` is the plan taken."""
     frontier, unit = _frontier(source)
     points = []
     for b in budgets:

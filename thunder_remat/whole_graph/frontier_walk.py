@@ -9,19 +9,30 @@ depends only on the plans walked before it, whichever budget asked, so the estim
 falls (up to what recomputing the held values at the backward start adds) as the budget falls:
 budgets by fraction or bytes walk down to the plan they chose, a peak budget down to the first
 plan that fits.
+
+Holding a rewrite above means recomputing, when the backward starts, values that plan saves; a
+plan that saves other values in their place can still end above it. So where a plan's rewrite
+is estimated above the lowest one walked, the walk also tries the plan nested within that
+rewrite: within the same byte target, the least recompute that saves only values the lower plan
+saves (``problem.nested_within``), holding the lower rewrite. It recomputes more than the
+frontier's plan (which had the least recompute in the target), so it is taken only when its
+estimate is lower by ``AUTO_MIN_GAIN`` or more, the checkpoint search's rule: the estimate is good
+to a few percent, and a smaller difference is not worth the recompute.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from dataclasses import dataclass
 
+from thunder_remat.budget import Budget
 from thunder_remat.records import Timings
 from thunder_remat.trace_facts import forward_storages
-from thunder_remat.whole_graph.checkpoints import CheckpointChoice, checkpointed_schedule
+from thunder_remat.whole_graph.checkpoints import AUTO_MIN_GAIN, CheckpointChoice, checkpointed_schedule
 from thunder_remat.whole_graph.peak import estimate_schedule_peak
-from thunder_remat.whole_graph.planner import BudgetChoice, Frontier
-from thunder_remat.whole_graph.problem import SaveProblem
+from thunder_remat.whole_graph.planner import BudgetChoice, Frontier, PlanSearch, build_frontier
+from thunder_remat.whole_graph.problem import SaveProblem, nested_within
 
 __all__ = ["WalkStep", "walk_order", "walk_frontier", "plans_ahead"]
 
@@ -61,6 +72,7 @@ def walk_frontier(trace, problem: SaveProblem, choices, *, window, setting, timi
     storages = None  # the trace's storages and names, shared by every schedule and estimate
     names = None
     lowest: WalkStep | None = None
+    nested_searches: dict = {}  # the plan nested within -> the search over its nested problem
     for n, choice in enumerate(choices, start=1):
         if storages is None:
             with timings.stage("estimate"):
@@ -78,9 +90,50 @@ def walk_frontier(trace, problem: SaveProblem, choices, *, window, setting, timi
         log.info("frontier walk: plan %d of %d saves %d B, estimated step peak %d B%s", n, len(choices),
                  choice.plan.saved_bytes, peak, " (holding the rewrite above)" if _held_above(checkpoints, inherit)
                  else "")
+        if setting == "auto" and lowest is not None and peak > lowest.peak:
+            nested = _nested_step(trace, problem, choice, lowest, nested_searches, window=window, timings=timings,
+                                  anchors=anchors, regions=regions, names=names, storages=storages)
+            if nested is not None and nested.peak <= (1.0 - AUTO_MIN_GAIN) * peak:
+                log.info("frontier walk: plan %d nested within the plan saving %d B: saves %d B, estimated step "
+                         "peak %d B (recompute %.3g, was %.3g)", n, lowest.choice.plan.saved_bytes,
+                         nested.choice.plan.saved_bytes, nested.peak, nested.choice.plan.recompute_cost,
+                         choice.plan.recompute_cost)
+                step = nested
         yield step
         if lowest is None or peak < lowest.peak:
             lowest = step
+
+
+def _nested_step(trace, problem: SaveProblem, choice: BudgetChoice, lowest: WalkStep, searches: dict,
+                 **schedule) -> WalkStep | None:
+    """``choice``'s byte target planned nested within ``lowest``'s rewrite, holding it; or, where
+    ``lowest`` is itself nested and fits the target, its rewrite as it is, if that is lower (None:
+    the nested plan is the frontier's own). ``searches``: the nested problems' searches so far,
+    by the plan they nest within (several plans may nest within one)."""
+    target = choice.plan.saved_bytes if choice.target_bytes is None else choice.target_bytes
+    timings = schedule["timings"]
+    with timings.stage("solve"):
+        search = searches.get(lowest.choice.plan.key)
+        if search is None:
+            nested = nested_within(problem, lowest.choice.plan.saved)
+            search = searches[lowest.choice.plan.key] = PlanSearch(build_frontier(nested, choice.frontier.solver))
+        picked = search.choose(Budget.bytes(target))
+    reused = None
+    if lowest.choice.within is not None and lowest.choice.plan.saved_bytes <= target:
+        reused = WalkStep(dataclasses.replace(lowest.choice, target_bytes=choice.target_bytes), lowest.checkpoints,
+                          lowest.peak)
+    if not picked.feasible or picked.plan.key in (choice.plan.key, lowest.choice.plan.key):
+        return reused
+    within = dataclasses.replace(choice, plan=picked.plan, networks=picked.networks, within=lowest.choice.plan)
+    checkpoints = checkpointed_schedule(trace, problem, within, setting="auto", inherit=_anchors_of(lowest),
+                                        **schedule)
+    peak = checkpoints.peak_estimate
+    if peak is None:
+        with timings.stage("estimate"):
+            peak = estimate_schedule_peak(checkpoints.schedule, schedule["storages"], schedule["regions"])
+    if reused is not None and reused.peak <= peak:
+        return reused
+    return WalkStep(within, checkpoints, peak)
 
 
 def _anchors_of(step: WalkStep) -> tuple:

@@ -15,6 +15,7 @@ fits every larger one), or the lowest of all.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 from thunder_remat.records import Timings
@@ -75,5 +76,5 @@ def choose_for_peak(trace, problem: SaveProblem, search: PlanSearch, target: int
             return PeakChoice(step.choice, step.checkpoints, step.peak, True, tuple(tried))
         if lowest is None or step.peak < lowest.peak:
             lowest = step
-    choice = BudgetChoice(lowest.choice.plan, None, False, frontier, frontier.networks)
+    choice = dataclasses.replace(lowest.choice, target_bytes=None, feasible=False)
     return PeakChoice(choice, lowest.checkpoints, lowest.peak, False, tuple(tried))

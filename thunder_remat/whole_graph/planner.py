@@ -116,6 +116,9 @@ class BudgetChoice:
     frontier: Frontier | None = field(default=None, repr=False)
     #: the networks ``plan`` was solved on (its cut: ``networks.cut_of(plan)``)
     networks: SaveNetworks | None = field(default=None, repr=False, compare=False)
+    #: the plan above whose saved values are the only ones ``plan`` may save, when it was chosen
+    #: nested within that plan's rewrite (``frontier_walk``); None: chosen from the whole frontier
+    within: SavePlan | None = field(default=None, repr=False)
 
 
 def is_fastest_budget(budget) -> bool:
@@ -203,9 +206,9 @@ class SaveNetworks:
                 continue
             # A view is not saved: its base is, or the backward makes it again (for free). Only a
             # view whose op may not run again (or a write's output: the data its storage now holds)
-            # is saved, at the bytes of the storage it keeps alive. An overwritten value never is.
-            overwritten = name in problem.overwritten
-            saved_bytes = math.inf if overwritten else float(value.held_bytes)
+            # is saved, at the bytes of the storage it keeps alive. An overwritten value never is,
+            # nor one a nested problem leaves out (``problem.nested_within``).
+            saved_bytes = float(value.held_bytes) if problem.may_save(name) else math.inf
             free_bytes = math.inf if (op.force_recompute or value.maybe_view) and op.writes is None else saved_bytes
             if op.hard_ban is not None or name in must_save:  # available from the forward as it is
                 split.value(name, saved_bytes)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import statistics
 from dataclasses import dataclass, field, replace
 
-__all__ = ["ForwardValue", "ForwardOp", "SaveProblem", "with_measured_costs"]
+__all__ = ["ForwardValue", "ForwardOp", "SaveProblem", "with_measured_costs", "nested_within"]
 
 
 @dataclass(frozen=True)
@@ -89,6 +89,13 @@ class SaveProblem:
     #: forward values whose storage a later in-place write changes: never saved (the backward
     #: would read the new data); they are recomputed, or the write is
     overwritten: frozenset = frozenset()
+    #: the only values a plan may save (inputs are held anyway); None: any value
+    #: (``nested_within``)
+    savable: frozenset | None = None
+
+    def may_save(self, name: str) -> bool:
+        """Whether a plan may save ``name`` (its storage bytes aside)."""
+        return name not in self.overwritten and (self.savable is None or name in self.savable)
 
     def producer_of(self) -> dict[str, ForwardOp]:
         return {out: op for op in self.ops for out in op.outputs}
@@ -101,6 +108,19 @@ class SaveProblem:
             if value.held_bytes:
                 owners.setdefault(value.owner or n, value.held_bytes)
         return sum(owners.values())
+
+
+def nested_within(problem: SaveProblem, saved) -> SaveProblem:
+    """``problem`` whose plans save only values of ``saved`` (a plan's saved set): a plan nested
+    within another keeps, of what that one saves, what its byte target lets it, and recomputes the
+    rest from there. A soft ban of an op none of whose outputs may be saved is dropped (keeping it
+    could only save what may not be)."""
+    savable = frozenset(saved) | frozenset(problem.must_save)
+    if problem.savable is not None:
+        savable &= problem.savable
+    ops = [op if op.soft_ban is None or any(n in savable for n in op.outputs) else replace(op, soft_ban=None)
+           for op in problem.ops]
+    return replace(problem, values=dict(problem.values), ops=ops, savable=savable)
 
 
 def with_measured_costs(problem: SaveProblem, micros: dict[int, float]) -> SaveProblem:

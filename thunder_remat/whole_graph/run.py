@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import warnings
+import dataclasses
 from dataclasses import dataclass, field
 from typing import ClassVar
 
@@ -175,6 +176,9 @@ class SavePassResult(PassResult):
         )
         if self.above_fastest:
             text += " (more than the fastest plan, recomputing less: the peak budget has room)"
+        if self.choice.within is not None:
+            text += (f" (nested within the plan saving {self.choice.within.saved_bytes} B, whose rewrite it holds: "
+                     "only values that plan saves, for a lower estimated step peak)")
         if self.copies > len(plan.recomputed):
             text += (f"; {self.copies} copies made, {self.copies - len(plan.recomputed)} of them for far uses, "
                      f"est. {self.rewritten_cost:.3g} {self.problem.cost_unit} in all")
@@ -262,7 +266,7 @@ def plan_saved_values(trace, config, *, zero3: bool = False, fusible=None, kerne
                        for p in plans_ahead(choice.frontier, choice.plan)] + [choice]
             *_, last = walk_frontier(trace, problem, choices, window=window, setting="auto", anchors=anchors,
                                      timings=timings, regions=regions)
-            checkpoints = last.checkpoints
+            choice, checkpoints = dataclasses.replace(last.choice, target_bytes=choice.target_bytes), last.checkpoints
         else:
             checkpoints = checkpointed_schedule(trace, problem, choice, window=window,
                                                 setting=config.checkpoint_budget, anchors=anchors, timings=timings,
