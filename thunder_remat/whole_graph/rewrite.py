@@ -95,7 +95,9 @@ def schedule_copies(trace, recomputed_indices, *, window: int | None = None, che
     make storage of their own) reading no recomputed value, and the ``views`` of what they make:
     made again at every far use (``remade_at_every_far_use``). Other ops (matmuls) are
     copied once, except ``segments`` ops: a stale copy of one made only to compute a checkpoint
-    op is made again near its next use, and that copy is kept. So the backward first recomputes
+    op is made again near its next use, and that copy is kept. An op of a write group
+    (``_write_groups``) is made again only with its whole group, when a segment op of the group
+    was made only to compute a checkpoint op. So the backward first recomputes
     the checkpoints, holding only them, then each segment from its checkpoints where it is needed
     (checkpointing).
 
@@ -147,7 +149,7 @@ class _CopyScheduler:
         self.names = schedule.trace_names()
         self.producer_index = {p.name: i for i, b in recompute.items() for p in b.flat_proxy_outs}
         self.reads_of = {i: self.names.reads[i] for i in recompute}
-        self.pinned, self.first_readers = _write_groups(recompute, self.reads_of, self.names)
+        self.pinned, self.first_readers, self.groups = _write_groups(recompute, self.reads_of, self.names)
         self.unbounded = remade_at_every_far_use(unbounded, views, self.reads_of, self.producer_index)
         self.level: dict[int, int] = {}  # checkpoint op -> its level (1: outermost)
         for depth, ops in enumerate(checkpoints, start=1):
@@ -188,13 +190,26 @@ class _CopyScheduler:
                 schedule.reads[position] = reads
 
     def fresh_enough(self, i: int, latest: _LatestCopy, pos: int) -> bool:
-        if self.window is None or pos - latest.last_read <= self.window or i in self.pinned:
+        if self.window is None or pos - latest.last_read <= self.window:
             return True
+        if i in self.pinned:  # made again only with its whole write group, as checkpointing would
+            return not self.group_made_for_outer_level(i)
         if i in self.cheap:
             return i not in self.unbounded and self.made[i] >= self.max_cheap_copies
         if i in self.level or i in self.segments:  # stale and made for an outer level: make it again
             return latest.made_for >= self.level.get(i, self.beyond)
         return True  # a collective (ZeRO-3 re-gather): never issued twice
+
+    def group_made_for_outer_level(self, i: int) -> bool:
+        """Op ``i``'s write group (``_write_groups``) has a protected op (a segment or checkpoint op)
+        whose latest copy was made only to compute an outer checkpoint level: the group is made
+        again, as a whole, near its next use."""
+        for j in self.groups.get(i, ()):
+            latest = self.latest.get(j)
+            if (latest is not None and (j in self.segments or j in self.level)
+                    and latest.made_for < self.level.get(j, self.beyond)):
+                return True
+        return False
 
     def emit(self, i: int, pos: int, made_for: int) -> int:
         """The copy of op ``i`` a reader at rewritten position ``pos`` reads: the latest if fresh
@@ -203,6 +218,18 @@ class _CopyScheduler:
         if latest is not None and self.fresh_enough(i, latest, pos):
             latest.last_read = pos
             return latest.copy
+        if latest is not None and i in self.pinned:
+            # a stale op of a write group: the whole group again, in forward order, on a fresh
+            # storage (a copy of part of it would write the old storage again, or read it after
+            # the write); each member reads the new copies of the members before it
+            for j in self.groups[i]:
+                if j in self.latest:
+                    self.copy(j, pos, made_for)
+            return self.latest[i].copy
+        return self.copy(i, pos, made_for)
+
+    def copy(self, i: int, pos: int, made_for: int) -> int:
+        """A new copy of op ``i`` for a reader at ``pos`` (and, first, what it reads)."""
         under = min(made_for, self.level.get(i, self.beyond))
         inputs = {}
         for name in self.reads_of[i]:
@@ -244,27 +271,38 @@ def remade_at_every_far_use(own_storage, views, reads_of: dict, producer_index: 
     return frozenset(remade)
 
 
-def _write_groups(recompute: dict, reads_of: dict, names: TraceNames) -> tuple[set[int], dict[int, list[int]]]:
-    """The recomputed ops that touch a storage a recomputed write overwrites, and, per such write,
-    the recomputed ops that read what it overwrites (in forward order).
+def _write_groups(recompute: dict, reads_of: dict, names: TraceNames) -> tuple[set[int], dict[int, list[int]],
+                                                                                dict[int, tuple[int, ...]]]:
+    """The recomputed ops that touch a storage a recomputed write overwrites (``pinned``); per such
+    write, the recomputed ops that read what it overwrites (in forward order); and per pinned op,
+    its write group: the ops touching that storage, the write among them, in forward order (ops of
+    two writes' groups share one group).
 
     A write's copy changes the storage of its destination's copy. So each op that makes or reads
-    a value of that storage from before the write is copied once and its copy kept (``pinned``):
-    a second copy of the chain would write the same storage again, or read it after the write.
-    For the same reason the readers of the overwritten values are copied before the write is.
+    a value of that storage from before the write is copied with the write, and a copy of any of
+    them is only made again with the whole group, on a storage of its own: a second copy of part
+    of the chain would write the same storage again, or read it after the write. For the same
+    reason the readers of the overwritten values are copied before the write is.
     """
     pinned: set[int] = set()
     first_readers: dict[int, list[int]] = {}
+    group_of: dict[int, set[int]] = {}
     for write, overwritten in names.overwritten_by.items():
         if write not in recompute:
             continue
+        members = set()
         for i in sorted(recompute):
             touches = overwritten.intersection(reads_of[i]) or overwritten.intersection(names.tensor_outs[i])
             if touches:
-                pinned.add(i)
+                members.add(i)
                 if i < write and overwritten.intersection(reads_of[i]):
                     first_readers.setdefault(write, []).append(i)
-    return pinned, first_readers
+        for i in list(members):  # merge with the groups of other writes these ops touch
+            members |= group_of.get(i, set())
+        for i in members:
+            group_of[i] = members
+        pinned |= members
+    return pinned, first_readers, {i: tuple(sorted(group)) for i, group in group_of.items()}
 
 
 def prologue_names(schedule: CopySchedule, built) -> frozenset[str]:
