@@ -8,9 +8,9 @@ trace is left as Thunder made it and a warning says why: a wrong result is never
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import warnings
-import dataclasses
 from dataclasses import dataclass, field
 from typing import ClassVar
 
