@@ -100,7 +100,7 @@ def walk_frontier(trace, problem: SaveProblem, choices, *, window, setting, timi
                          choice.plan.recompute_cost)
                 step = nested
         yield step
-        if lowest is None or peak < lowest.peak:
+        if lowest is None or step.peak < lowest.peak:
             lowest = step
 
 
