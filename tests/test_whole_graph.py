@@ -164,11 +164,7 @@ def test_sweep_and_plot(tmp_path):
     saved = [p.saved_bytes for p in points[:-1]]
     assert saved == sorted(saved, reverse=True)
     assert [p.recompute_cost for p in points[:-1]] == sorted(p.recompute_cost for p in points[:-1])
-    # the sweep gives each budget's plan from the frontier; at 0.5 the pass took the plan nested within the
-    # lower-peak rewrite above it (whole_graph.frontier_walk): fewer bytes, more recompute than the sweep's point
-    chosen = thunder_remat.last_save_plan(jm).choice
-    assert chosen.within is not None and chosen.target_bytes == points[2].target_bytes
-    assert chosen.plan.saved_bytes < points[2].saved_bytes and chosen.plan.recompute_cost > points[2].recompute_cost
+    assert points[2].saved_bytes == thunder_remat.last_save_plan(jm).choice.plan.saved_bytes
     assert not points[-1].feasible
     path = thunder_remat.plot_tradeoff(points, tmp_path / "tradeoff.png", chosen=points[2])
     import json

@@ -16,14 +16,18 @@ is estimated above the lowest one walked, the walk also tries the plan nested wi
 rewrite: within the same byte target, the least recompute that saves only values the lower plan
 saves (``problem.nested_within``), holding the lower rewrite. It recomputes more than the
 frontier's plan (which had the least recompute in the target), so it is taken only when its
-estimate is lower by ``AUTO_MIN_GAIN`` or more, the checkpoint search's rule: the estimate is good
-to a few percent, and a smaller difference is not worth the recompute.
+estimate is lower by ``AUTO_MIN_GAIN`` or more, the checkpoint search's rule (the estimate is good
+to a few percent, and a smaller difference is not worth the recompute), and only when it
+recomputes no more than the next frontier plan below: a plan that recomputes more than that one
+could be beaten by it at a lower budget, and a peak budget, walking plans by recompute, would take
+it before a plan that recomputes less.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 from dataclasses import dataclass
 
 from thunder_remat.budget import Budget
@@ -91,8 +95,10 @@ def walk_frontier(trace, problem: SaveProblem, choices, *, window, setting, timi
                  choice.plan.saved_bytes, peak, " (holding the rewrite above)" if _held_above(checkpoints, inherit)
                  else "")
         if setting == "auto" and lowest is not None and peak > lowest.peak:
-            nested = _nested_step(trace, problem, choice, lowest, nested_searches, window=window, timings=timings,
-                                  anchors=anchors, regions=regions, names=names, storages=storages)
+            below = [p.recompute_cost for p in choice.frontier.plans if walk_order(p) > walk_order(choice.plan)]
+            nested = _nested_step(trace, problem, choice, lowest, nested_searches, min(below, default=math.inf),
+                                  window=window, timings=timings, anchors=anchors, regions=regions, names=names,
+                                  storages=storages)
             if nested is not None and nested.peak <= (1.0 - AUTO_MIN_GAIN) * peak:
                 log.info("frontier walk: plan %d nested within the plan saving %d B: saves %d B, estimated step "
                          "peak %d B (recompute %.3g, was %.3g)", n, lowest.choice.plan.saved_bytes,
@@ -105,11 +111,12 @@ def walk_frontier(trace, problem: SaveProblem, choices, *, window, setting, timi
 
 
 def _nested_step(trace, problem: SaveProblem, choice: BudgetChoice, lowest: WalkStep, searches: dict,
-                 **schedule) -> WalkStep | None:
+                 most_recompute: float, **schedule) -> WalkStep | None:
     """``choice``'s byte target planned nested within ``lowest``'s rewrite, holding it; or, where
     ``lowest`` is itself nested and fits the target, its rewrite as it is, if that is lower (None:
-    the nested plan is the frontier's own). ``searches``: the nested problems' searches so far,
-    by the plan they nest within (several plans may nest within one)."""
+    neither recomputes at most ``most_recompute``, or the nested plan is the frontier's own).
+    ``searches``: the nested problems' searches so far, by the plan they nest within (several
+    plans may nest within one)."""
     target = choice.plan.saved_bytes if choice.target_bytes is None else choice.target_bytes
     timings = schedule["timings"]
     with timings.stage("solve"):
@@ -119,10 +126,12 @@ def _nested_step(trace, problem: SaveProblem, choice: BudgetChoice, lowest: Walk
             search = searches[lowest.choice.plan.key] = PlanSearch(build_frontier(nested, choice.frontier.solver))
         picked = search.choose(Budget.bytes(target))
     reused = None
-    if lowest.choice.within is not None and lowest.choice.plan.saved_bytes <= target:
+    if (lowest.choice.within is not None and lowest.choice.plan.saved_bytes <= target
+            and lowest.choice.plan.recompute_cost <= most_recompute):
         reused = WalkStep(dataclasses.replace(lowest.choice, target_bytes=choice.target_bytes), lowest.checkpoints,
                           lowest.peak)
-    if not picked.feasible or picked.plan.key in (choice.plan.key, lowest.choice.plan.key):
+    if (not picked.feasible or picked.plan.key in (choice.plan.key, lowest.choice.plan.key)
+            or picked.plan.recompute_cost > most_recompute):
         return reused
     within = dataclasses.replace(choice, plan=picked.plan, networks=picked.networks, within=lowest.choice.plan)
     checkpoints = checkpointed_schedule(trace, problem, within, setting="auto", inherit=_anchors_of(lowest),
