@@ -158,12 +158,17 @@ def test_a_read_of_an_overwritten_matmul_output_is_reported():
     assert "in-place write" in thunder_remat.last_save_plan(r.jitted).failure
 
 
-def biased_attention(x, wq, wk, w2, bias):
-    """T5's attention: a position bias added in place to a matmul's output, and a second use of the
-    probabilities far from the first (more backward ops in between than the reuse window)."""
+def biased_probabilities(x, wq, wk, bias):
+    """T5's attention probabilities: a position bias added in place to a matmul's output."""
     s = (x @ wq) @ (x @ wk).transpose(-1, -2)
     s += bias
-    p = torch.softmax(s, dim=-1)
+    return torch.softmax(s, dim=-1)
+
+
+def biased_attention(x, wq, wk, w2, bias):
+    """T5's attention, and a second use of the probabilities far from the first (more backward ops
+    in between than the reuse window)."""
+    p = biased_probabilities(x, wq, wk, bias)
     h = p @ x
     for _ in range(8):
         h = torch.tanh(h @ w2)
@@ -201,10 +206,7 @@ def biased_layers(x, wq, wk, w2, bias):
     own layer's backward."""
     h = x
     for _ in range(3):
-        s = (h @ wq) @ (h @ wk).transpose(-1, -2)
-        s += bias
-        p = torch.softmax(s, dim=-1)
-        a = p @ h
+        a = biased_probabilities(h, wq, wk, bias) @ h
         for _ in range(6):
             a = torch.tanh(a @ w2)
         h = a + h

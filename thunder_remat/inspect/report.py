@@ -245,10 +245,8 @@ def explain(jitted, compilation: int | None = None, *, step=None, device="cpu") 
                 report.budget += " (room to spare: a plan saving more than 1.0 and recomputing less)"
             if save.loss_outside:
                 report.budget += f"; {LOSS_OUTSIDE}"
-        if save.choice.within is not None:
-            report.budget += (f"; nested within the plan saving {save.choice.within.saved_bytes:,} B (it saves only "
-                              "values that plan saves and holds its rewrite: a lower estimated step peak than the "
-                              f"frontier's plan for this budget, for more recompute)")
+        if save.nested_within:
+            report.budget += f"; {save.nested_within}"
         report.budget_feasible = save.choice.feasible
         report.recompute_cost, report.recompute_unit = plan.recompute_cost, problem.cost_unit
         report.rewritten_cost = save.rewritten_cost

@@ -8,7 +8,6 @@ trace is left as Thunder made it and a warning says why: a wrong result is never
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import warnings
 from dataclasses import dataclass, field
@@ -155,6 +154,17 @@ class SavePassResult(PassResult):
         needs none: ``whole_graph.planner.build_frontier(result.problem)`` solves one)."""
         return None if self.choice is None else self.choice.frontier
 
+    @property
+    def nested_within(self) -> str:
+        """What a plan nested within a lower-peak rewrite is ("" for a frontier plan): for the
+        provenance line and ``explain()``."""
+        within = None if self.choice is None else self.choice.within
+        if within is None:
+            return ""
+        return (f"nested within the plan saving {within.saved_bytes:,} B: it saves only values that plan saves and "
+                "holds its rewrite, a lower estimated step peak than the frontier's plan for this budget, for more "
+                "recompute")
+
     def provenance(self) -> str:
         if self.status is PassStatus.FAILED:
             return f"thunder_remat whole-graph save planning failed and was skipped: {self.failure}"
@@ -176,9 +186,8 @@ class SavePassResult(PassResult):
         )
         if self.above_fastest:
             text += " (more than the fastest plan, recomputing less: the peak budget has room)"
-        if self.choice.within is not None:
-            text += (f" (nested within the plan saving {self.choice.within.saved_bytes} B, whose rewrite it holds: "
-                     "only values that plan saves, for a lower estimated step peak)")
+        if self.nested_within:
+            text += f" ({self.nested_within})"
         if self.copies > len(plan.recomputed):
             text += (f"; {self.copies} copies made, {self.copies - len(plan.recomputed)} of them for far uses, "
                      f"est. {self.rewritten_cost:.3g} {self.problem.cost_unit} in all")
@@ -266,7 +275,7 @@ def plan_saved_values(trace, config, *, zero3: bool = False, fusible=None, kerne
                        for p in plans_ahead(choice.frontier, choice.plan)] + [choice]
             *_, last = walk_frontier(trace, problem, choices, window=window, setting="auto", anchors=anchors,
                                      timings=timings, regions=regions)
-            choice, checkpoints = dataclasses.replace(last.choice, target_bytes=choice.target_bytes), last.checkpoints
+            choice, checkpoints = last.choice, last.checkpoints  # a nested step keeps the budget's target
         else:
             checkpoints = checkpointed_schedule(trace, problem, choice, window=window,
                                                 setting=config.checkpoint_budget, anchors=anchors, timings=timings,
