@@ -33,7 +33,7 @@ from thunder.core.proxies import TensorProxy
 
 from thunder_remat.cost import dim_size, value_bytes
 
-__all__ = ["StorageMap", "storage_map"]
+__all__ = ["StorageMap", "matmul_copy_elements", "storage_map"]
 
 #: prims whose output is a view of their first tensor argument (Thunder 0.2.6's torch executor
 #: runs them as torch views, or returns the input itself: shallow_copy, update_aliases)
@@ -70,6 +70,8 @@ class StorageMap:
     maybe_view: frozenset
     #: owners held anyway (forward inputs: arguments, parameters, buffers)
     held: frozenset
+    #: tensor value -> its strides (elements), best guess (fresh tensors contiguous)
+    strides: dict = field(default_factory=dict, repr=False, compare=False)
     #: the walk's state, to continue it over more bound symbols (``extended``)
     _walk: object = field(default=None, repr=False, compare=False)
 
@@ -96,6 +98,26 @@ class StorageMap:
             elif root not in self.held:
                 owners.setdefault(root, self.owner_bytes[root])
         return sum(owners.values())
+
+    def workspace_bytes(self, bsym) -> int:
+        """Bytes the op allocates and frees inside itself, as PyTorch runs it: ``torch.matmul``
+        (and ``linear`` of a non-contiguous input, which calls it) copies a batched operand whose
+        strides do not fold into (batch, rows, columns) before its ``bmm``. 0 for other ops."""
+        name = bsym.sym.name
+        if name not in ("matmul", "linear"):
+            return 0
+        args = [p for p in bsym.flat_proxy_args if isinstance(p, TensorProxy)]
+        if len(args) < 2 or any(p.name not in self.strides for p in args[:2]):
+            return 0
+        a, b = args[0], args[1]
+        a_sizes, a_strides, b_sizes, b_strides = _sizes(a), self.strides[a.name], _sizes(b), self.strides[b.name]
+        if name == "linear":
+            if len(a_sizes) <= 2 or (len(args) > 2 and _is_contiguous(a_sizes, a_strides)):
+                return 0  # addmm, or the contiguous input flattened to a matrix
+            if len(b_sizes) != 2:
+                return 0
+            b_sizes, b_strides = b_sizes[::-1], b_strides[::-1]  # the weight, transposed
+        return matmul_copy_elements(a_sizes, a_strides, b_sizes, b_strides) * value_bytes(a) // max(a.numel, 1)
 
     def groups(self, names: Iterable[str]) -> dict[str, list[str]]:
         """owner -> the given names that share its storage, in the order given."""
@@ -126,7 +148,7 @@ class _Walk:
 
     def result(self) -> StorageMap:
         maybe_view = frozenset(name for name, loose in self.loose.items() if loose != name)
-        return StorageMap(self.owner, self.owner_bytes, maybe_view, frozenset(self.held), self)
+        return StorageMap(self.owner, self.owner_bytes, maybe_view, frozenset(self.held), self.strides, self)
 
     def _fresh(self, p) -> None:
         self._meet(p.name, p.name, p.name, _contiguous_strides(_sizes(p)))
@@ -319,6 +341,52 @@ def _reshape_strides(sizes, strides, new) -> tuple[int, ...] | None:
         if new[i] == 1:
             result[i] = result[i + 1] * new[i + 1] if i + 1 < len(new) else 1
     return tuple(result)
+
+
+def matmul_copy_elements(a_sizes, a_strides, b_sizes, b_strides) -> int:
+    """Elements ``torch.matmul(a, b)`` copies into temporaries (no autograd), following
+    ``_matmul_impl`` of ATen (torch 2.11): a matrix or vector pair goes to mm/mv/dot as it is; an
+    operand of three or more dimensions times a matrix is folded into one matrix when its batch
+    dimensions are laid out one after another; otherwise both operands are broadcast to
+    (batch, rows, columns) by ``expand().reshape()``, which copies an operand whose strides allow
+    no such view."""
+    da, db = len(a_sizes), len(b_sizes)
+    if da <= 2 and db <= 2:
+        return 0
+    if da >= 3 and db <= 2:  # the larger operand folds into a matrix when its batch dims do
+        if all(a_strides[i] == a_strides[i + 1] * a_sizes[i + 1] for i in range(da - 2)):
+            return 0
+    elif db >= 3 and da == 1:  # a vector times a batch: folded as the batch's transpose
+        t_sizes, t_strides = (*b_sizes[:-2], b_sizes[-1], b_sizes[-2]), (*b_strides[:-2], b_strides[-1], b_strides[-2])
+        if all(t_strides[i] == t_strides[i + 1] * t_sizes[i + 1] for i in range(db - 2)):
+            return 0
+    n, m1 = (a_sizes[-2] if da > 1 else 1), a_sizes[-1]
+    m2, p = (b_sizes[-2], b_sizes[-1]) if db > 1 else (b_sizes[0], 1)
+    batch = _broadcast_sizes(a_sizes[:-2], b_sizes[:-2])
+    rows = 1
+    for size in batch:
+        rows *= size
+    copied = 0
+    for sizes, strides, matrix in ((a_sizes, a_strides, (n, m1)), (b_sizes, b_strides, (m2, p))):
+        if len(sizes) == 1:  # a vector is expanded over the batch as (batch, length)
+            matrix = (sizes[0],)
+        expanded = (*batch, *matrix)
+        if _reshape_strides(expanded, _expanded_strides(sizes, strides, expanded), (rows, *matrix)) is None:
+            copied += rows * matrix[0] * (matrix[1] if len(matrix) > 1 else 1)
+    return copied
+
+
+def _broadcast_sizes(a, b) -> tuple[int, ...]:
+    width = max(len(a), len(b))
+    a, b = (1,) * (width - len(a)) + tuple(a), (1,) * (width - len(b)) + tuple(b)
+    return tuple(max(x, y) for x, y in zip(a, b))
+
+
+def _expanded_strides(sizes, strides, expanded) -> tuple[int, ...]:
+    """Strides of ``Tensor.expand(expanded)`` of a tensor of ``sizes`` and ``strides``."""
+    lead = len(expanded) - len(sizes)
+    return (*([0] * lead), *(st if size == new else 0
+                              for size, st, new in zip(sizes, strides, expanded[lead:])))
 
 
 def storage_map(bsyms, held=()) -> StorageMap:

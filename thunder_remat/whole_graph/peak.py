@@ -2,7 +2,8 @@
 
 Used to compare rewrites of one trace (which backward checkpoints give the lowest peak), not to
 predict an allocator: it walks the joint forward+backward trace in order, allocates each op's
-tensor outputs, frees a tensor after the last op that reads it, and counts views as sharing their
+tensor outputs (and, while it runs, the operand copies ``torch.matmul`` makes where strides allow
+no batched view: ``StorageMap.workspace_bytes``), frees a tensor after the last op that reads it, and counts views as sharing their
 base's storage (``thunder_remat.storage``: a reshape is a view when the input's strides allow
 it, as in PyTorch), which then lives until the last read of any of its views. Forward inputs and
 parameters are held anyway and not counted. The forward/backward split keeps exactly the forward
@@ -36,7 +37,10 @@ def estimate_peak_bytes(trace, regions: RegionModel | None = None, prologue=froz
 
 
 #: what the storages alive at the estimated peak are, in the order ``PeakBreakdown`` lists them
-PEAK_KINDS = ("saved for backward", "recomputed", "gradients", "backward values", "outputs", "forward values")
+PEAK_KINDS = ("saved for backward", "recomputed", "gradients", "backward values", "outputs", "forward values",
+              "op workspace")
+#: names the walk gives an op's workspace (``StorageMap.workspace_bytes``), alive while it runs
+WORKSPACE_PREFIX = "workspace of "
 
 
 @dataclass(frozen=True)
@@ -55,7 +59,8 @@ class PeakBreakdown:
     #: the gradients the backward returns, its other values (cotangents, partial gradients,
     #: temporaries), the outputs the loss reads; "forward values" where the peak is in the forward
     by_kind: dict
-    #: the largest storages alive there, largest first: (the name that made it, bytes, kind)
+    #: the largest storages alive there, largest first: (the name that made it, bytes, kind); an
+    #: op's workspace (``StorageMap.workspace_bytes``) is named after the op's first output
     largest: tuple
 
     def where(self) -> str:
@@ -84,6 +89,8 @@ def peak_breakdown(trace, regions: RegionModel | None = None, prologue=frozenset
     in_backward = is_backward(bsyms[position])
 
     def kind(storage) -> str:
+        if str(storage).startswith(WORKSPACE_PREFIX):
+            return "op workspace"
         if storage in gradients:
             return "gradients"
         if storage in outputs:
@@ -249,6 +256,10 @@ def estimate_schedule_peak(schedule: CopySchedule, storages: StorageMap | None =
                 born[storage] = step
                 last_read.setdefault(storage, step)
                 made_now.append(storage)
+        workspace = 0 if fused else storages.workspace_bytes(bsyms[position])
+        if workspace:  # copies the op makes and frees inside itself, alive with its outputs
+            storage = f"{WORKSPACE_PREFIX}{(tensor_outs[position] or ('?',))[0]} (step {step})"
+            born[storage], last_read[storage], size[storage] = step, step, workspace
         destination = in_place_destination(bsyms[position]) if fused else None
         name = getattr(destination, "name", None)
         step_reads.append(read_now)
