@@ -195,6 +195,40 @@ def test_the_operand_copies_of_a_matmul_are_those_pytorch_makes():
     assert copying > 50  # the random operands exercise the copying paths
 
 
+@pytest.mark.unit
+def test_an_elementwise_output_keeps_the_layout_pytorch_gives_it():
+    """A fresh elementwise output is not always contiguous: TensorIterator orders its dimensions by
+    the operands' strides (rotary embeddings and the scaled queries of permuted heads come out
+    permuted), which decides whether a later reshape copies and what ``torch.matmul`` copies.
+    The walk's strides equal torch's on random permuted and broadcast operands."""
+    import random
+
+    from thunder_remat.storage import _elementwise_strides
+
+    rng = random.Random(1)
+
+    def operand(shape):
+        order = rng.sample(range(len(shape)), len(shape))
+        t = torch.randn([shape[i] for i in order]).permute([order.index(i) for i in range(len(shape))])
+        if rng.random() < 0.3:
+            t = t.narrow(rng.randrange(len(shape)), 0, 1)
+        return t[0] if rng.random() < 0.2 and t.dim() > 1 else t
+
+    permuted = 0
+    for _ in range(2000):
+        shape = [rng.choice([1, 2, 3, 8]) for _ in range(rng.choice([2, 3, 4, 5]))]
+        ops = [operand(shape) for _ in range(rng.choice([1, 2, 3]))]
+        if len(ops) == 3:
+            ops[0] = ops[0] > 0
+        out = (torch.neg(ops[0]) if len(ops) == 1 else torch.add(ops[0], ops[1]) if len(ops) == 2
+               else torch.where(*ops))
+        rule = _elementwise_strides([(tuple(o.shape), o.stride()) for o in ops], tuple(out.shape))
+        sized = [d for d, size in enumerate(out.shape) if size != 1]  # a size-1 dimension's stride is free
+        assert [rule[d] for d in sized] == [out.stride()[d] for d in sized], [(o.shape, o.stride()) for o in ops]
+        permuted += not out.is_contiguous()
+    assert permuted > 500
+
+
 @pytest.mark.jit
 def test_the_estimate_holds_a_matmuls_operand_copies_while_it_runs():
     """Attention-like scores of heads split from a projection: ``torch.matmul`` copies the

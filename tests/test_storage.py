@@ -28,6 +28,9 @@ def disagreements(joint, inputs):
         owner = storages.owner_of(n)
         if owner in tensors and ptr[n] == ptr[owner]:
             assert storages.owner_bytes[owner] == tensors[owner].untyped_storage().nbytes(), n
+        sized = [d for d, size in enumerate(tensors[n].shape) if size != 1]  # and the strides it has
+        if [storages.strides[n][d] for d in sized] != [tensors[n].stride()[d] for d in sized]:
+            wrong.append((n, "strides", storages.strides[n], tensors[n].stride()))
     return wrong, len(known)
 
 
@@ -35,6 +38,8 @@ def views(x, w):
     y = x @ w  # 8 x 12, fresh
     a, b, c = y.split(4, dim=1)  # views of y
     t = a.transpose(0, 1)  # a view
+    s = t * 2  # fresh, transposed as t is (elementwise outputs keep the operands' layout)
+    u = s.reshape(16, 2)  # so a copy
     r = b.reshape(2, 4, 4)  # a view: b's rows are one block each
     q = t.reshape(16, 2)  # a copy: t is transposed
     e = y[:1].expand(3, 12)  # a view of a view
@@ -43,7 +48,7 @@ def views(x, w):
     g = c.contiguous()  # a copy of a slice
     h = y.view(2, 4, 12).permute(2, 0, 1).reshape(12, 8)  # a copy
     p = y.repeat(2, 1)  # a copy
-    return (t * 2, r + 1, q - 1, e * 3, k + f, g, h, p)
+    return (u, r + 1, q - 1, e * 3, k + f, g, h, p)
 
 
 def test_the_owners_of_views_and_copies_are_those_pytorch_makes():

@@ -43,19 +43,30 @@ _VIEW_PRIMS = frozenset({
 })
 #: prims that return their input itself when they have nothing to do (same dtype, same device)
 _NOOP_WHEN_SAME = {PrimIDs.CONVERT_ELEMENT_TYPE: "dtype", PrimIDs.DEVICE_PUT: "device"}
+#: prims computed element by element (torch runs them through TensorIterator, whose output keeps
+#: the operands' memory layout), and those an elementwise op's decomposition adds around them
+_ELEMENTWISE_PRIMS = frozenset(getattr(PrimIDs, name) for name in (
+    "ABS", "ACOS", "ACOSH", "ADD", "ASIN", "ASINH", "ATAN", "ATAN2", "ATANH", "BITWISE_AND",
+    "BITWISE_LEFT_SHIFT", "BITWISE_NOT", "BITWISE_OR", "BITWISE_RIGHT_SHIFT", "BITWISE_XOR", "CEIL", "COS",
+    "COSH", "DIGAMMA", "DIV", "EQ", "ERF", "ERFC", "ERFCINV", "ERFINV", "EXP", "EXP2", "EXPM1", "FLOOR", "FMOD",
+    "GE", "GT", "ISFINITE", "LE", "LGAMMA", "LOG", "LOG10", "LOG1P", "LOG2", "LT", "MAXIMUM", "MINIMUM", "MUL",
+    "NDTRI", "NE", "NEG", "NEXTAFTER", "POW", "RECIPROCAL", "REMAINDER", "ROUND", "RSQRT", "SIGN", "SIGNBIT",
+    "SIN", "SINH", "SQRT", "SUB", "TAN", "TANH", "TRUNC", "WHERE", "ZETA") if hasattr(PrimIDs, name))
+_AROUND_ELEMENTWISE = frozenset({PrimIDs.BROADCAST_IN_DIM, PrimIDs.CONVERT_ELEMENT_TYPE})
 #: ``Tensor.contiguous`` runs as one torch call: the input itself when already contiguous
 _CONTIGUOUS = "torch.Tensor.contiguous"
-#: Thunder 0.2.6's torch executor runs these prims through symbols of its own that carry no
+#: Thunder 0.2.6's torch executor runs these prims through symbols of its own (ids) that carry no
 #: decomposition (traces after fusion have them outside regions)
 _EXECUTOR_PRIMS = {
     "torch_prims_reshape_impl": PrimIDs.RESHAPE, "torch_slice_prim_impl": PrimIDs.SLICE,
     "shallow_copy": PrimIDs.SHALLOW_COPY, "update_aliases": PrimIDs.UPDATE_ALIASES, "bitcast": PrimIDs.BITCAST,
+    "copy_": PrimIDs.COPY_,
 }
 
 
 def _prim_id(bsym):
-    sid = bsym.sym.id
-    return sid if isinstance(sid, PrimIDs) else _EXECUTOR_PRIMS.get(bsym.sym.name, sid)
+    sid = bsym.sym.id  # by id: ltorch's ``Tensor.copy_`` is named ``copy_`` too, and writes its first argument
+    return sid if isinstance(sid, PrimIDs) else _EXECUTOR_PRIMS.get(sid, sid)
 
 
 @dataclass(frozen=True)
@@ -176,6 +187,12 @@ class _Walk:
                 else:
                     self._meet(p.name, self.owner[base.name], self.loose[base.name], strides)
             return
+        if _is_elementwise(bsym):
+            operands = [(_sizes(p), self.strides[p.name]) for p in args]
+            for p in new:
+                self._fresh(p)
+                self.strides[p.name] = _elementwise_strides(operands, _sizes(p))
+            return
         if bsym.subsymbols:
             self._through_decomposition(bsym, new)
             return
@@ -235,6 +252,71 @@ def _view_chains(subsymbols, outputs) -> list:
         elif sub.subsymbols:
             stack.extend(a.name for a in args)
     return [sub for sub in subsymbols if id(sub) in needed]
+
+
+def _is_elementwise(bsym) -> bool:
+    """Whether torch runs ``bsym`` as one elementwise op: an elementwise prim, or an op whose
+    decomposition is made only of them (with the broadcasts and conversions around them)."""
+    sid = _prim_id(bsym)
+    if sid in _ELEMENTWISE_PRIMS:
+        return True
+    if not bsym.subsymbols or isinstance(sid, PrimIDs):
+        return False
+    leaves, stack = [], list(bsym.subsymbols)
+    while stack:
+        sub = stack.pop()
+        if sub.subsymbols and not isinstance(_prim_id(sub), PrimIDs):
+            stack.extend(sub.subsymbols)
+        else:
+            leaves.append(_prim_id(sub))
+    return (any(leaf in _ELEMENTWISE_PRIMS for leaf in leaves)
+            and all(leaf in _ELEMENTWISE_PRIMS or leaf in _AROUND_ELEMENTWISE for leaf in leaves))
+
+
+def _elementwise_strides(operands, out_sizes) -> tuple[int, ...]:
+    """The strides PyTorch gives the output of an elementwise op on ``operands`` ((sizes, strides)
+    each, broadcast to ``out_sizes``), following TensorIterator (torch 2.11): the dimensions are
+    ordered by the operands' strides, the first operand with a strict preference deciding, broadcast
+    dimensions (stride 0) ignored, ties broken by size; the output is dense in that order."""
+    ndim = len(out_sizes)
+    if ndim <= 1:
+        return _contiguous_strides(out_sizes)
+    aligned = []
+    for sizes, strides in operands:
+        lead = ndim - len(sizes)
+        if lead < 0:
+            return _contiguous_strides(out_sizes)
+        aligned.append([0] * lead + [st if size == out or out == 1 else 0
+                                     for size, st, out in zip(sizes, strides, out_sizes[lead:])])
+
+    def should_swap(dim0, dim1) -> int:
+        for strides in aligned:
+            s0, s1 = strides[dim0], strides[dim1]
+            if s0 == 0 or s1 == 0:
+                continue
+            if s0 != s1:
+                return -1 if s0 < s1 else 1
+            if out_sizes[dim0] > out_sizes[dim1]:
+                return 1
+        return 0
+
+    perm = list(reversed(range(ndim)))  # the fastest dimension first
+    for i in range(1, ndim):
+        dim1 = i
+        for dim0 in range(i - 1, -1, -1):
+            comparison = should_swap(perm[dim0], perm[dim1])
+            if comparison > 0:
+                perm[dim0], perm[dim1] = perm[dim1], perm[dim0]
+                dim1 = dim0
+            elif comparison < 0:
+                break
+    if perm == list(reversed(range(ndim))):
+        return _contiguous_strides(out_sizes)
+    result, step = [0] * ndim, 1
+    for dim in perm:
+        result[dim] = step
+        step *= out_sizes[dim]
+    return tuple(result)
 
 
 def _view_base(bsym, args):

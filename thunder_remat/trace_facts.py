@@ -143,7 +143,7 @@ def thunder_split(trace) -> ThunderSplit:
             forward.add(i)
             forward_names.update(reads)
             forward_names.update(p.name for p in bsym.flat_proxy_outs)
-        elif bsym.sym.name == "copy_" and len(bsym.args) > 1 and getattr(bsym.args[1], "name", None) in forward_names:
+        elif bsym.sym.id in COPY_IDS and len(bsym.args) > 1 and getattr(bsym.args[1], "name", None) in forward_names:
             forward.add(i)
             forward_names.update(reads)
         else:
@@ -214,17 +214,24 @@ def forward_storages(trace, *, with_backward: bool = False) -> StorageMap:
 STALE_WRITE = "in-place write into a storage the backward reads from before it"
 
 
+#: ``copy_(source, destination)``: the prim, and Thunder 0.2.6's torch executor's op running it
+COPY_IDS = (prims.PrimIDs.COPY_, "copy_")
+
+
 def in_place_destination(bsym):
-    """The tensor an op writes in place, or None: ``copy_(source, destination)`` writes its second
-    argument, torch's in-place methods (``IN_PLACE`` tag) their first; the rest are read.
+    """The tensor an op writes in place, or None: ``copy_(source, destination)`` (``COPY_IDS``)
+    writes its second argument, ltorch's ``Tensor.copy_`` its first, torch's in-place methods
+    (``IN_PLACE`` tag) their first; the rest are read.
     ``copy_with_setitem`` is not a write: Thunder 0.2.6 runs it on a clone of its input (its
     result is written back with a ``copy_``).
 
     Running a write again is sound only into a destination made again with it (a fresh tensor):
     both passes recompute a write only together with its destination. ``copy_`` carries no
     IN_PLACE tag in Thunder 0.2.6, and torch's in-place methods keep theirs (a hard ban)."""
-    if bsym.sym.name == "copy_":
+    if bsym.sym.id in COPY_IDS:
         return bsym.args[1] if len(bsym.args) > 1 else None
+    if bsym.sym.id == "torch.Tensor.copy_":  # ltorch's method: ``a.copy_(b)`` writes ``a``
+        return bsym.args[0] if bsym.args else None
     if prims.OpTags.IN_PLACE in (bsym.sym.tags or ()):
         return bsym.args[0] if bsym.args else None
     return None
