@@ -237,3 +237,37 @@ def most_copies_of_a_chained_op(plan) -> int:
     chained = reads_recomputed(reads, producer) - remade_at_every_far_use(
         *storage_makers_and_views(plan.problem, recomputed), reads, producer)
     return max((n for i, n in Counter(plan.copied_ops).items() if i in chained), default=0)
+
+
+def executed_tensors(trace) -> dict:
+    """Run an executed trace (``thunder.last_traces(fn)[-1]``, ``last_backward_traces``) on random
+    inputs of its arguments' shapes and return every tensor its top-level statements assign, by
+    name, all kept alive (so no storage is reused). Each top-level assignment of the generated
+    source is followed by a call recording what it made."""
+    import re
+
+    from thunder.core.proxies import NumberProxy, TensorProxy
+    from thunder.core.pytree import tree_flatten, tree_unflatten
+
+    from thunder_remat.cost import dim_size
+
+    def value(p):
+        if isinstance(p, TensorProxy):
+            shape, dtype = tuple(dim_size(d) for d in p.shape), thunder.torch.to_torch_dtype(p.dtype)
+            return torch.randn(shape, dtype=dtype) if dtype.is_floating_point else torch.zeros(shape, dtype=dtype)
+        return p.value if isinstance(p, NumberProxy) else p
+
+    made = {}
+    ctx = dict(trace.python_ctx(), _record=lambda name, v: made.setdefault(name, v) if isinstance(v, torch.Tensor) else None)
+    lines = []
+    for line in trace.python(include_decorators=True).splitlines():
+        lines.append(line)
+        assigned = re.match(r"^  (\(?[\w, ]+\)?) = ", line)
+        if assigned:
+            lines.extend(f"  _record({name!r}, {name})" for name in re.findall(r"\w+", assigned.group(1)))
+    exec(compile("\n".join(lines), f"<{trace.fn_name if hasattr(trace, 'fn_name') else 'trace'}>", "exec"), ctx)
+    function = ctx[re.search(r"^def (\w+)\(", "\n".join(lines), re.M).group(1)]
+    flat, spec = tree_flatten((trace.args, trace.kwargs))
+    args, kwargs = tree_unflatten([value(p) for p in flat], spec)
+    function(*args, **kwargs)
+    return made

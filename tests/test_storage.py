@@ -110,3 +110,46 @@ def test_the_split_model_saves_what_thunders_split_saves(case):
         forward, _ = split_into_forward_and_backward(dce(joint))
     saved = [p.name for p in forward.output[1][0]]
     assert saved and set(thunder_split(joint).saved) == set(saved)
+
+
+def biased_scores(x, w, bias):
+    scores = (x @ w).view(4, 8, 2, 8).transpose(1, 2) @ x.view(4, 8, 2, 8).permute(0, 2, 3, 1)
+    scores += bias  # written in place: a copy_ into the matmul's output after Thunder's functionalization
+    return scores.softmax(-1)
+
+
+@pytest.mark.parametrize("name", ["gpt", "llama", "in-place"])
+def test_the_walk_of_the_executed_traces_matches_a_real_run(name):
+    """The traces that run (after the rewrite, Thunder's split and its executors, forward and
+    backward), run on random inputs: values the walk puts on one storage share one, the others do
+    not, and every value has the strides the walk gives it (a copy_ after fusion is a write into its
+    destination; elementwise outputs keep their operands' layout)."""
+    from helpers import executed_tensors
+    from thunder.core.proxies import Proxy
+    from thunder.core.pytree import tree_flatten
+
+    from thunder_remat.storage import storage_map
+
+    if name == "in-place":
+        jm = thunder.jit(biased_scores, remat=True, remat_memory_budget=0.0)
+        jm(torch.randn(4, 8, 16), torch.randn(16, 16, requires_grad=True), torch.randn(2, 8, 8)).sum().backward()
+        assert any(b.sym.name == "copy_" for b in thunder.last_traces(jm)[-1].bound_symbols)
+    else:
+        model = build_model(name, "tiny")
+        jm = thunder.jit(model, remat=True, remat_memory_budget=0.0)
+        jm(example_batch(model)).sum().backward()
+    for trace in (thunder.last_traces(jm)[-1], thunder.last_backward_traces(jm)[-1]):
+        storages = storage_map(trace.bound_symbols,
+                               [p for p in tree_flatten((trace.args, trace.kwargs))[0] if isinstance(p, Proxy)])
+        tensors = {n: t for n, t in executed_tensors(trace).items() if n in storages.owner and t.numel()}
+        ptr = {n: t.untyped_storage().data_ptr() for n, t in tensors.items()}
+        by_owner, by_ptr = {}, {}
+        for n in tensors:
+            by_owner.setdefault(storages.owner_of(n), set()).add(ptr[n])
+            by_ptr.setdefault(ptr[n], set()).add(storages.owner_of(n))
+        assert len(tensors) > (100 if name != "in-place" else 5)
+        assert [o for o, ptrs in by_owner.items() if len(ptrs) > 1] == []  # one owner, one storage
+        assert [o for o in by_ptr.values() if len(o) > 1] == []  # one storage, one owner
+        for n, t in tensors.items():
+            sized = [d for d, size in enumerate(t.shape) if size != 1]
+            assert [storages.strides[n][d] for d in sized] == [t.stride()[d] for d in sized], n
