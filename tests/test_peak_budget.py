@@ -200,7 +200,8 @@ def test_an_elementwise_output_keeps_the_layout_pytorch_gives_it():
     """A fresh elementwise output is not always contiguous: TensorIterator orders its dimensions by
     the operands' strides (rotary embeddings and the scaled queries of permuted heads come out
     permuted), which decides whether a later reshape copies and what ``torch.matmul`` copies.
-    The walk's strides equal torch's on random permuted and broadcast operands."""
+    A dtype conversion or a clone keeps its input's order of dimensions the same way. The walk's strides
+    equal torch's on random permuted and broadcast operands."""
     import random
 
     from thunder_remat.storage import _elementwise_strides
@@ -220,8 +221,8 @@ def test_an_elementwise_output_keeps_the_layout_pytorch_gives_it():
         ops = [operand(shape) for _ in range(rng.choice([1, 2, 3]))]
         if len(ops) == 3:
             ops[0] = ops[0] > 0
-        out = (torch.neg(ops[0]) if len(ops) == 1 else torch.add(ops[0], ops[1]) if len(ops) == 2
-               else torch.where(*ops))
+        out = (rng.choice([torch.neg, lambda t: t.to(torch.float64), torch.clone])(ops[0]) if len(ops) == 1
+               else torch.add(ops[0], ops[1]) if len(ops) == 2 else torch.where(*ops))
         rule = _elementwise_strides([(tuple(o.shape), o.stride()) for o in ops], tuple(out.shape))
         sized = [d for d, size in enumerate(out.shape) if size != 1]  # a size-1 dimension's stride is free
         assert [rule[d] for d in sized] == [out.stride()[d] for d in sized], [(o.shape, o.stride()) for o in ops]

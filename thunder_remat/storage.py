@@ -52,7 +52,8 @@ _ELEMENTWISE_PRIMS = frozenset(getattr(PrimIDs, name) for name in (
     "GE", "GT", "ISFINITE", "LE", "LGAMMA", "LOG", "LOG10", "LOG1P", "LOG2", "LT", "MAXIMUM", "MINIMUM", "MUL",
     "NDTRI", "NE", "NEG", "NEXTAFTER", "POW", "RECIPROCAL", "REMAINDER", "ROUND", "RSQRT", "SIGN", "SIGNBIT",
     "SIN", "SINH", "SQRT", "SUB", "TAN", "TANH", "TRUNC", "WHERE", "ZETA") if hasattr(PrimIDs, name))
-_AROUND_ELEMENTWISE = frozenset({PrimIDs.BROADCAST_IN_DIM, PrimIDs.CONVERT_ELEMENT_TYPE})
+_COPIES_KEEPING_LAYOUT = frozenset({PrimIDs.CONVERT_ELEMENT_TYPE, PrimIDs.CLONE})
+_AROUND_ELEMENTWISE = frozenset({PrimIDs.BROADCAST_IN_DIM}) | _COPIES_KEEPING_LAYOUT
 #: ``Tensor.contiguous`` runs as one torch call: the input itself when already contiguous
 _CONTIGUOUS = "torch.Tensor.contiguous"
 #: Thunder 0.2.6's torch executor runs these prims through symbols of its own (ids) that carry no
@@ -187,17 +188,16 @@ class _Walk:
                 else:
                     self._meet(p.name, self.owner[base.name], self.loose[base.name], strides)
             return
-        if _is_elementwise(bsym):
-            operands = [(_sizes(p), self.strides[p.name]) for p in args]
-            for p in new:
-                self._fresh(p)
-                self.strides[p.name] = _elementwise_strides(operands, _sizes(p))
-            return
         if bsym.subsymbols:
             self._through_decomposition(bsym, new)
-            return
-        for p in new:
-            self._fresh(p)
+        else:
+            for p in new:
+                self._fresh(p)
+        if _keeps_layout(bsym):  # its fresh outputs are laid out as its operands are
+            operands = [(_sizes(p), self.strides[p.name]) for p in args]
+            for p in new:
+                if self.owner[p.name] == p.name:
+                    self.strides[p.name] = _elementwise_strides(operands, _sizes(p))
 
     def _through_decomposition(self, bsym, new) -> None:
         """Walk the op's body on its own: the names inside a composite are its own (a copy of the
@@ -254,13 +254,15 @@ def _view_chains(subsymbols, outputs) -> list:
     return [sub for sub in subsymbols if id(sub) in needed]
 
 
-def _is_elementwise(bsym) -> bool:
-    """Whether torch runs ``bsym`` as one elementwise op: an elementwise prim, or an op whose
-    decomposition is made only of them (with the broadcasts and conversions around them)."""
+def _keeps_layout(bsym) -> bool:
+    """Whether torch lays out the fresh outputs of ``bsym`` as its operands are laid out: an op it
+    runs through TensorIterator (an elementwise prim, or an op whose decomposition is made only of
+    them, with the broadcasts and conversions around them), or a conversion or clone alone
+    (``Tensor.to``, ``clone``: they keep the input's order of dimensions, as TensorIterator would)."""
     sid = _prim_id(bsym)
-    if sid in _ELEMENTWISE_PRIMS:
+    if sid in _ELEMENTWISE_PRIMS or sid in _COPIES_KEEPING_LAYOUT:
         return True
-    if not bsym.subsymbols or isinstance(sid, PrimIDs):
+    if not bsym.subsymbols or isinstance(sid, PrimIDs) or bsym.sym.is_fusion:  # a region lays out its own
         return False
     leaves, stack = [], list(bsym.subsymbols)
     while stack:
@@ -269,8 +271,8 @@ def _is_elementwise(bsym) -> bool:
             stack.extend(sub.subsymbols)
         else:
             leaves.append(_prim_id(sub))
-    return (any(leaf in _ELEMENTWISE_PRIMS for leaf in leaves)
-            and all(leaf in _ELEMENTWISE_PRIMS or leaf in _AROUND_ELEMENTWISE for leaf in leaves))
+    return (all(leaf in _ELEMENTWISE_PRIMS or leaf in _AROUND_ELEMENTWISE for leaf in leaves)
+            and any(leaf in _ELEMENTWISE_PRIMS or leaf in _COPIES_KEEPING_LAYOUT for leaf in leaves))
 
 
 def _elementwise_strides(operands, out_sizes) -> tuple[int, ...]:
