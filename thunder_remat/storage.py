@@ -11,8 +11,9 @@ Two answers per value, because the runtime decides some cases (``torch.reshape``
 
 * ``owner``: the best guess, following each value's strides as PyTorch computes them (a reshape
   is a view when the strides allow it: splitting a sliced projection into heads; a copy when they
-  do not: merging the heads of a transposed attention output), used to count bytes. Fresh
-  tensors are taken to be contiguous;
+  do not: merging the heads of a transposed attention output), used to count bytes. A fresh
+  tensor is contiguous, but for what an elementwise op, a conversion or a clone makes: PyTorch
+  lays that out as its operands are (TensorIterator's order of dimensions);
 * ``maybe_view``: every value an op may return as a view of one of its inputs, whatever the
   strides. The planners never choose to save such a value: they save what it is a view of, or
   recompute it in the backward (a view costs nothing to make, a copying reshape one copy), so a
@@ -44,7 +45,7 @@ _VIEW_PRIMS = frozenset({
 #: prims that return their input itself when they have nothing to do (same dtype, same device)
 _NOOP_WHEN_SAME = {PrimIDs.CONVERT_ELEMENT_TYPE: "dtype", PrimIDs.DEVICE_PUT: "device"}
 #: prims computed element by element (torch runs them through TensorIterator, whose output keeps
-#: the operands' memory layout), and those an elementwise op's decomposition adds around them
+#: the operands' memory layout)
 _ELEMENTWISE_PRIMS = frozenset(getattr(PrimIDs, name) for name in (
     "ABS", "ACOS", "ACOSH", "ADD", "ASIN", "ASINH", "ATAN", "ATAN2", "ATANH", "BITWISE_AND",
     "BITWISE_LEFT_SHIFT", "BITWISE_NOT", "BITWISE_OR", "BITWISE_RIGHT_SHIFT", "BITWISE_XOR", "CEIL", "COS",
@@ -52,7 +53,9 @@ _ELEMENTWISE_PRIMS = frozenset(getattr(PrimIDs, name) for name in (
     "GE", "GT", "ISFINITE", "LE", "LGAMMA", "LOG", "LOG10", "LOG1P", "LOG2", "LT", "MAXIMUM", "MINIMUM", "MUL",
     "NDTRI", "NE", "NEG", "NEXTAFTER", "POW", "RECIPROCAL", "REMAINDER", "ROUND", "RSQRT", "SIGN", "SIGNBIT",
     "SIN", "SINH", "SQRT", "SUB", "TAN", "TANH", "TRUNC", "WHERE", "ZETA") if hasattr(PrimIDs, name))
+#: copies that keep their input's order of dimensions (``Tensor.to``, ``clone``)
 _COPIES_KEEPING_LAYOUT = frozenset({PrimIDs.CONVERT_ELEMENT_TYPE, PrimIDs.CLONE})
+#: what an elementwise op's decomposition may add around its elementwise prims
 _AROUND_ELEMENTWISE = frozenset({PrimIDs.BROADCAST_IN_DIM}) | _COPIES_KEEPING_LAYOUT
 #: ``Tensor.contiguous`` runs as one torch call: the input itself when already contiguous
 _CONTIGUOUS = "torch.Tensor.contiguous"
