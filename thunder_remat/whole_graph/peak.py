@@ -2,10 +2,11 @@
 
 Used to compare rewrites of one trace (which backward checkpoints give the lowest peak), not to
 predict an allocator: it walks the joint forward+backward trace in order, allocates each op's
-tensor outputs (and, while it runs, the operand copies ``torch.matmul`` makes where strides allow
-no batched view: ``StorageMap.workspace_bytes``), frees a tensor after the last op that reads it, and counts views as sharing their
-base's storage (``thunder_remat.storage``: a reshape is a view when the input's strides allow
-it, as in PyTorch), which then lives until the last read of any of its views. Forward inputs and
+tensor outputs (and, while it runs, the operand copies ``torch.matmul`` makes where strides
+allow no batched view: ``StorageMap.workspace_bytes``), frees a tensor after the last op that
+reads it, and counts views as sharing their base's storage (``thunder_remat.storage``: a reshape
+is a view when the input's strides allow it, as in PyTorch), which then lives until the last
+read of any of its views. Forward inputs and
 parameters are held anyway and not counted. The forward/backward split keeps exactly the forward
 values the backward reads, which the walk keeps alive the same way. The forward's outputs are
 taken to be consumed by the loss before the backward starts (a caller that keeps the model's
@@ -57,7 +58,8 @@ class PeakBreakdown:
     #: bytes alive at the peak by kind (``PEAK_KINDS``; kinds with none left out): forward values
     #: the backward reads ("saved for backward"), the rewrite's copies ("recomputed", ``rc_`` names),
     #: the gradients the backward returns, its other values (cotangents, partial gradients,
-    #: temporaries), the outputs the loss reads; "forward values" where the peak is in the forward
+    #: temporaries), the outputs the loss reads; "forward values" where the peak is in the forward;
+    #: "op workspace": an unfused matmul's operand copies while it runs
     by_kind: dict
     #: the largest storages alive there, largest first: (the name that made it, bytes, kind); an
     #: op's workspace (``StorageMap.workspace_bytes``) is named after the op's first output
