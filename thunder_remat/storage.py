@@ -89,6 +89,8 @@ class StorageMap:
     strides: dict = field(default_factory=dict, repr=False, compare=False)
     #: the walk's state, to continue it over more bound symbols (``extended``)
     _walk: object = field(default=None, repr=False, compare=False)
+    #: id(bound symbol) -> (it, its workspace bytes): every schedule of a trace walks its ops
+    _workspaces: dict = field(default_factory=dict, repr=False, compare=False)
 
     def extended(self, bsyms) -> StorageMap:
         """This map continued over ``bsyms`` (which come after the ones it was made from)."""
@@ -121,6 +123,12 @@ class StorageMap:
         name = bsym.sym.name
         if name not in ("matmul", "linear"):
             return 0
+        known = self._workspaces.get(id(bsym))
+        if known is None or known[0] is not bsym:
+            known = self._workspaces[id(bsym)] = (bsym, self._matmul_workspace(bsym, name))
+        return known[1]
+
+    def _matmul_workspace(self, bsym, name: str) -> int:
         args = [p for p in bsym.flat_proxy_args if isinstance(p, TensorProxy)]
         if len(args) < 2 or any(p.name not in self.strides for p in args[:2]):
             return 0
@@ -149,6 +157,7 @@ class _Walk:
         #: value -> its owner if every op that can return a view did (the conservative owner)
         self.loose: dict[str, str] = {}
         self.strides: dict[str, tuple[int, ...]] = {}  # best guess of each value's strides
+        self._is_contiguous: dict[str, bool] = {}
         self.held: set[str] = set()
         for p in held:
             if isinstance(p, TensorProxy) and p.name not in self.owner:
@@ -159,6 +168,7 @@ class _Walk:
         twin = _Walk(())
         twin.owner, twin.owner_bytes = dict(self.owner), dict(self.owner_bytes)
         twin.loose, twin.strides, twin.held = dict(self.loose), dict(self.strides), set(self.held)
+        twin._is_contiguous = dict(self._is_contiguous)
         return twin
 
     def result(self) -> StorageMap:
@@ -167,6 +177,7 @@ class _Walk:
 
     def _fresh(self, p) -> None:
         self._meet(p.name, p.name, p.name, _contiguous_strides(_sizes(p)))
+        self._is_contiguous[p.name] = True
         self.owner_bytes[p.name] = value_bytes(p)
 
     def _meet(self, name: str, owner: str, loose: str, strides) -> None:
@@ -196,11 +207,19 @@ class _Walk:
         else:
             for p in new:
                 self._fresh(p)
-        if _keeps_layout(bsym):  # its fresh outputs are laid out as its operands are
-            operands = [(_sizes(p), self.strides[p.name]) for p in args]
-            for p in new:
-                if self.owner[p.name] == p.name:
-                    self.strides[p.name] = _elementwise_strides(operands, _sizes(p))
+        fresh = [p for p in new if self.owner[p.name] == p.name and len(p.shape) > 1]
+        if fresh and _keeps_layout(bsym) and any(not self._contiguous(p) for p in args):
+            operands = [(_sizes(p), self.strides[p.name]) for p in args]  # laid out as its operands are
+            for p in fresh:
+                self.strides[p.name] = _elementwise_strides(operands, _sizes(p))
+                self._is_contiguous.pop(p.name, None)
+
+    def _contiguous(self, p) -> bool:
+        """Whether ``p``'s strides are contiguous (TensorIterator then lays out its output so)."""
+        known = self._is_contiguous.get(p.name)
+        if known is None:
+            known = self._is_contiguous[p.name] = _is_contiguous(_sizes(p), self.strides[p.name])
+        return known
 
     def _through_decomposition(self, bsym, new) -> None:
         """Walk the op's body on its own: the names inside a composite are its own (a copy of the
