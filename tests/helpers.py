@@ -265,8 +265,9 @@ def executed_tensors(trace) -> dict:
         assigned = re.match(r"^  (\(?[\w, ]+\)?) = ", line)
         if assigned:
             lines.extend(f"  _record({name!r}, {name})" for name in re.findall(r"\w+", assigned.group(1)))
-    exec(compile("\n".join(lines), f"<{trace.fn_name if hasattr(trace, 'fn_name') else 'trace'}>", "exec"), ctx)
-    function = ctx[re.search(r"^def (\w+)\(", "\n".join(lines), re.M).group(1)]
+    source = "\n".join(lines)
+    exec(compile(source, "<executed trace>", "exec"), ctx)
+    function = ctx[re.search(r"^def (\w+)\(", source, re.M).group(1)]
     flat, spec = tree_flatten((trace.args, trace.kwargs))
     args, kwargs = tree_unflatten([value(p) for p in flat], spec)
     function(*args, **kwargs)
