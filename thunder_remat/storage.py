@@ -34,7 +34,7 @@ from thunder.core.proxies import TensorProxy
 
 from thunder_remat.cost import dim_size, value_bytes
 
-__all__ = ["StorageMap", "matmul_copy_elements", "storage_map"]
+__all__ = ["StorageMap", "matmul_copy_elements", "prim_id", "storage_map"]
 
 #: prims whose output is a view of their first tensor argument (Thunder 0.2.6's torch executor
 #: runs them as torch views, or returns the input itself: shallow_copy, update_aliases)
@@ -68,8 +68,11 @@ _EXECUTOR_PRIMS = {
 }
 
 
-def _prim_id(bsym):
-    sid = bsym.sym.id  # by id: ltorch's ``Tensor.copy_`` is named ``copy_`` too, and writes its first argument
+def prim_id(bsym):
+    """The prim ``bsym`` runs: its symbol's id, the prim's for Thunder 0.2.6's torch executor ops
+    that run one (by id: ltorch's ``Tensor.copy_`` is named ``copy_`` too, and writes its first
+    argument)."""
+    sid = bsym.sym.id
     return sid if isinstance(sid, PrimIDs) else _EXECUTOR_PRIMS.get(sid, sid)
 
 
@@ -140,7 +143,7 @@ class StorageMap:
             if len(b_sizes) != 2:
                 return 0
             b_sizes, b_strides = b_sizes[::-1], b_strides[::-1]  # the weight, transposed
-        return matmul_copy_elements(a_sizes, a_strides, b_sizes, b_strides) * value_bytes(a) // max(a.numel, 1)
+        return matmul_copy_elements(a_sizes, a_strides, b_sizes, b_strides) * a.dtype.bytes
 
     def groups(self, names: Iterable[str]) -> dict[str, list[str]]:
         """owner -> the given names that share its storage, in the order given."""
@@ -157,7 +160,7 @@ class _Walk:
         #: value -> its owner if every op that can return a view did (the conservative owner)
         self.loose: dict[str, str] = {}
         self.strides: dict[str, tuple[int, ...]] = {}  # best guess of each value's strides
-        self._is_contiguous: dict[str, bool] = {}
+        self._contiguity: dict[str, bool] = {}  # value -> whether its strides are contiguous, once asked
         self.held: set[str] = set()
         for p in held:
             if isinstance(p, TensorProxy) and p.name not in self.owner:
@@ -168,7 +171,7 @@ class _Walk:
         twin = _Walk(())
         twin.owner, twin.owner_bytes = dict(self.owner), dict(self.owner_bytes)
         twin.loose, twin.strides, twin.held = dict(self.loose), dict(self.strides), set(self.held)
-        twin._is_contiguous = dict(self._is_contiguous)
+        twin._contiguity = dict(self._contiguity)
         return twin
 
     def result(self) -> StorageMap:
@@ -177,7 +180,7 @@ class _Walk:
 
     def _fresh(self, p) -> None:
         self._meet(p.name, p.name, p.name, _contiguous_strides(_sizes(p)))
-        self._is_contiguous[p.name] = True
+        self._contiguity[p.name] = True
         self.owner_bytes[p.name] = value_bytes(p)
 
     def _meet(self, name: str, owner: str, loose: str, strides) -> None:
@@ -212,13 +215,13 @@ class _Walk:
             operands = [(_sizes(p), self.strides[p.name]) for p in args]  # laid out as its operands are
             for p in fresh:
                 self.strides[p.name] = _elementwise_strides(operands, _sizes(p))
-                self._is_contiguous.pop(p.name, None)
+                self._contiguity.pop(p.name, None)
 
     def _contiguous(self, p) -> bool:
         """Whether ``p``'s strides are contiguous (TensorIterator then lays out its output so)."""
-        known = self._is_contiguous.get(p.name)
+        known = self._contiguity.get(p.name)
         if known is None:
-            known = self._is_contiguous[p.name] = _is_contiguous(_sizes(p), self.strides[p.name])
+            known = self._contiguity[p.name] = _is_contiguous(_sizes(p), self.strides[p.name])
         return known
 
     def _through_decomposition(self, bsym, new) -> None:
@@ -281,7 +284,7 @@ def _keeps_layout(bsym) -> bool:
     runs through TensorIterator (an elementwise prim, or an op whose decomposition is made only of
     them, with the broadcasts and conversions around them), or a conversion or clone alone
     (``Tensor.to``, ``clone``: they keep the input's order of dimensions, as TensorIterator would)."""
-    sid = _prim_id(bsym)
+    sid = prim_id(bsym)
     if sid in _ELEMENTWISE_PRIMS or sid in _COPIES_KEEPING_LAYOUT:
         return True
     if not bsym.subsymbols or isinstance(sid, PrimIDs) or bsym.sym.is_fusion:  # a region lays out its own
@@ -289,10 +292,10 @@ def _keeps_layout(bsym) -> bool:
     leaves, stack = [], list(bsym.subsymbols)
     while stack:
         sub = stack.pop()
-        if sub.subsymbols and not isinstance(_prim_id(sub), PrimIDs):
+        if sub.subsymbols and not isinstance(prim_id(sub), PrimIDs):
             stack.extend(sub.subsymbols)
         else:
-            leaves.append(_prim_id(sub))
+            leaves.append(prim_id(sub))
     return (all(leaf in _ELEMENTWISE_PRIMS or leaf in _AROUND_ELEMENTWISE for leaf in leaves)
             and any(leaf in _ELEMENTWISE_PRIMS or leaf in _COPIES_KEEPING_LAYOUT for leaf in leaves))
 
@@ -345,7 +348,7 @@ def _elementwise_strides(operands, out_sizes) -> tuple[int, ...]:
 
 def _view_base(bsym, args):
     """The argument whose storage the op's outputs share (when the runtime makes a view), or None."""
-    sid = _prim_id(bsym)
+    sid = prim_id(bsym)
     if not args:
         return None
     if sid in _VIEW_PRIMS or sid == _CONTIGUOUS:
@@ -383,7 +386,7 @@ def _is_contiguous(sizes, strides) -> bool:
 def _view_strides(bsym, base, strides, out) -> tuple[int, ...] | None:
     """Strides of the view ``out`` of ``base`` (whose strides are ``strides``), or None when the
     runtime copies instead. A best guess where the decomposition leaves arguments unread."""
-    sid, sizes, new = _prim_id(bsym), _sizes(base), _sizes(out)
+    sid, sizes, new = prim_id(bsym), _sizes(base), _sizes(out)
     try:
         if sid == PrimIDs.TRANSPOSE:
             perm = bsym.args[1] if len(bsym.args) > 1 else bsym.kwargs["permutation"]

@@ -17,7 +17,7 @@ from thunder.core.symbol import BoundSymbolTag, has_tags
 
 from thunder_remat.cost import value_bytes
 from thunder_remat.policies import OpFacts
-from thunder_remat.storage import StorageMap, storage_map
+from thunder_remat.storage import StorageMap, prim_id, storage_map
 
 __all__ = ["collective_name", "is_backward", "is_backward_region", "reads_forward_values", "is_joint_trace",
            "loss_outputs", "loss_outside", "caller_loss_inputs", "split_joint", "ThunderSplit", "thunder_split", "forward_storages",
@@ -143,7 +143,7 @@ def thunder_split(trace) -> ThunderSplit:
             forward.add(i)
             forward_names.update(reads)
             forward_names.update(p.name for p in bsym.flat_proxy_outs)
-        elif bsym.sym.id in COPY_IDS and len(bsym.args) > 1 and getattr(bsym.args[1], "name", None) in forward_names:
+        elif prim_id(bsym) == prims.PrimIDs.COPY_ and len(bsym.args) > 1 and getattr(bsym.args[1], "name", None) in forward_names:
             forward.add(i)
             forward_names.update(reads)
         else:
@@ -214,21 +214,18 @@ def forward_storages(trace, *, with_backward: bool = False) -> StorageMap:
 STALE_WRITE = "in-place write into a storage the backward reads from before it"
 
 
-#: ``copy_(source, destination)``: the prim, and Thunder 0.2.6's torch executor's op running it
-COPY_IDS = (prims.PrimIDs.COPY_, "copy_")
-
-
 def in_place_destination(bsym):
-    """The tensor an op writes in place, or None: ``copy_(source, destination)`` (``COPY_IDS``)
-    writes its second argument, ltorch's ``Tensor.copy_`` its first, torch's in-place methods
-    (``IN_PLACE`` tag) their first; the rest are read.
+    """The tensor an op writes in place, or None: ``copy_(source, destination)`` (the prim, or the
+    torch executor's op running it: ``storage.prim_id``) writes its second argument, ltorch's
+    ``Tensor.copy_`` its first, torch's in-place methods (``IN_PLACE`` tag) their first; the rest
+    are read.
     ``copy_with_setitem`` is not a write: Thunder 0.2.6 runs it on a clone of its input (its
     result is written back with a ``copy_``).
 
     Running a write again is sound only into a destination made again with it (a fresh tensor):
     both passes recompute a write only together with its destination. ``copy_`` carries no
     IN_PLACE tag in Thunder 0.2.6, and torch's in-place methods keep theirs (a hard ban)."""
-    if bsym.sym.id in COPY_IDS:
+    if prim_id(bsym) == prims.PrimIDs.COPY_:
         return bsym.args[1] if len(bsym.args) > 1 else None
     if bsym.sym.id == "torch.Tensor.copy_":  # ltorch's method: ``a.copy_(b)`` writes ``a``
         return bsym.args[0] if bsym.args else None
