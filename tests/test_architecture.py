@@ -17,8 +17,8 @@ pytestmark = pytest.mark.unit
 
 ROOT = Path(__file__).resolve().parent.parent
 LAYERS = (
-    ("solvers", "policies", "budget", "records", "config"),
-    ("cost", "storage", "trace_facts", "fusion_regions", "verify"),
+    ("solvers", "policies", "budget", "records", "config", "allocator"),
+    ("cost", "kernel_workspace", "storage", "trace_facts", "fusion_regions", "verify"),
     ("executors",),
     ("whole_graph", "pairs"),
     ("plugin",),

@@ -29,10 +29,13 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
+from thunder.core.devices import to_torch_device
 from thunder.core.prims import PrimIDs
 from thunder.core.proxies import TensorProxy
+from thunder.torch import to_torch_dtype
 
 from thunder_remat.cost import dim_size, value_bytes
+from thunder_remat.kernel_workspace import ConvolutionCall, TensorSpec, convolution_workspace
 
 __all__ = ["StorageMap", "matmul_copy_elements", "prim_id", "storage_map"]
 
@@ -53,8 +56,9 @@ _ELEMENTWISE_PRIMS = frozenset(getattr(PrimIDs, name) for name in (
     "GE", "GT", "ISFINITE", "LE", "LGAMMA", "LOG", "LOG10", "LOG1P", "LOG2", "LT", "MAXIMUM", "MINIMUM", "MUL",
     "NDTRI", "NE", "NEG", "NEXTAFTER", "POW", "RECIPROCAL", "REMAINDER", "ROUND", "RSQRT", "SIGN", "SIGNBIT",
     "SIN", "SINH", "SQRT", "SUB", "TAN", "TANH", "TRUNC", "WHERE", "ZETA") if hasattr(PrimIDs, name))
-#: copies that keep their input's order of dimensions (``Tensor.to``, ``clone``)
-_COPIES_KEEPING_LAYOUT = frozenset({PrimIDs.CONVERT_ELEMENT_TYPE, PrimIDs.CLONE})
+#: copies that keep their input's order of dimensions (``Tensor.to``, ``clone``, ``flip``: ATen
+#: makes their output ``empty_like`` the input, preserving its layout)
+_COPIES_KEEPING_LAYOUT = frozenset({PrimIDs.CONVERT_ELEMENT_TYPE, PrimIDs.CLONE, PrimIDs.FLIP})
 #: what an elementwise op's decomposition may add around its elementwise prims
 _AROUND_ELEMENTWISE = frozenset({PrimIDs.BROADCAST_IN_DIM}) | _COPIES_KEEPING_LAYOUT
 #: ``Tensor.contiguous`` runs as one torch call: the input itself when already contiguous
@@ -64,7 +68,7 @@ _CONTIGUOUS = "torch.Tensor.contiguous"
 _EXECUTOR_PRIMS = {
     "torch_prims_reshape_impl": PrimIDs.RESHAPE, "torch_slice_prim_impl": PrimIDs.SLICE,
     "shallow_copy": PrimIDs.SHALLOW_COPY, "update_aliases": PrimIDs.UPDATE_ALIASES, "bitcast": PrimIDs.BITCAST,
-    "copy_": PrimIDs.COPY_,
+    "copy_": PrimIDs.COPY_, "convolution": PrimIDs.CONVOLUTION,
 }
 
 
@@ -122,14 +126,37 @@ class StorageMap:
     def workspace_bytes(self, bsym) -> int:
         """Bytes the op allocates and frees inside itself, as PyTorch runs it: ``torch.matmul``
         (and ``linear`` of a non-contiguous input, which calls it) copies a batched operand whose
-        strides do not fold into (batch, rows, columns) before its ``bmm``. 0 for other ops."""
+        strides do not fold into (batch, rows, columns) before its ``bmm``; a convolution's
+        library kernel reorders operands and takes scratch memory (measured:
+        ``kernel_workspace``). 0 for other ops."""
         name = bsym.sym.name
-        if name not in ("matmul", "linear"):
+        convolution = prim_id(bsym) is PrimIDs.CONVOLUTION
+        if name not in ("matmul", "linear") and not convolution:
             return 0
         known = self._workspaces.get(id(bsym))
         if known is None or known[0] is not bsym:
-            known = self._workspaces[id(bsym)] = (bsym, self._matmul_workspace(bsym, name))
+            bytes_ = self._convolution_workspace(bsym) if convolution else self._matmul_workspace(bsym, name)
+            known = self._workspaces[id(bsym)] = (bsym, bytes_)
         return known[1]
+
+    def _convolution_workspace(self, bsym) -> int:
+        a, weight, bias, stride, padding, dilation, transposed, output_padding, groups = bsym.args[:9]
+        if not all(isinstance(p, TensorProxy) for p in (a, weight)) or not isinstance(bias, (TensorProxy, type(None))):
+            return 0
+
+        def spec(p):
+            if p is None:
+                return None
+            sizes = _sizes(p)
+            return TensorSpec(sizes, tuple(self.strides.get(p.name, _contiguous_strides(sizes))),
+                              str(to_torch_dtype(p.dtype)), str(to_torch_device(p.device)))
+
+        def ints(values):
+            return tuple(int(v) for v in values)
+
+        return convolution_workspace(ConvolutionCall(
+            spec(a), spec(weight), spec(bias), ints(stride), ints(padding), ints(dilation), bool(transposed),
+            ints(output_padding), int(groups)))
 
     def _matmul_workspace(self, bsym, name: str) -> int:
         args = [p for p in bsym.flat_proxy_args if isinstance(p, TensorProxy)]
