@@ -17,8 +17,7 @@ import sys
 import threading
 
 import thunder.executors.torch_compile as _tc
-# The (compile data, compile stats) context variable: get_compile_option needs both, and there is
-# no public getter for the stats in 0.2.6.
+import torch
 
 from thunder_remat.executors.base import FusionAdapter, cache_info_now, cache_info_restored, register_adapter
 from thunder_remat.executors.hooks.builtin_pass import builds_deferred, gate_module
@@ -68,9 +67,15 @@ class TorchCompileAdapter(FusionAdapter):
         # kernels whose layout conversions and scratch memory the cut rule does not see, and cut,
         # they measured more (zoo, 1.0: ResNet 1.301 MB against 1.201 MB uncut, ConvNeXt 0.799
         # against 0.692 MB)
+        # a graph with a CPU convolution gets channels-last convolutions where oneDNN is there
+        # (``GraphLowering.decide_layout_opt``, torch 2.11)
+        channels_last = bool(inductor_config.layout_optimization and (
+            inductor_config.force_layout_optimization
+            or (torch.backends.mkldnn.enabled and torch.backends.mkldnn.is_available())))
         return KernelModel(reads_threshold=int(inductor_config.realize_reads_threshold),
                            accumulated_reads_threshold=int(inductor_config.realize_acc_reads_threshold),
-                           heavy_on_cpu=("exp", "sigmoid"), uncut_convolution_regions=True)
+                           heavy_on_cpu=("exp", "sigmoid"), uncut_convolution_regions=True,
+                           channels_last_convolutions_on_cpu=channels_last)
 
     def keep_plan_order(self, bsym) -> None:
         """Regions with a convolution keep Inductor's order: it runs CPU convolutions as oneDNN

@@ -161,14 +161,18 @@ class KernelModel:
       they hand on before they run and free what they read after: such a run holds its inputs to
       its end and allocates its outputs at its start.
     - ``uncut_convolution_regions``: a region that runs a convolution is not cut. What the
-      compiler's convolution kernels hold (layout conversions, scratch memory) is not modelled, so
-      the cut rule cannot see what a cut there costs.
+      compiler's layout conversions around its convolution kernels hold is not modelled, so the
+      cut rule cannot see what a cut there costs.
+    - ``channels_last_convolutions_on_cpu``: the compiler calls a 2-d CPU convolution on
+      channels-last operands (Inductor's layout optimization with oneDNN), so the library's own
+      workspace is that of channels-last operands (measured: ``kernel_workspace``).
     """
 
     reads_threshold: int
     accumulated_reads_threshold: int
     heavy_on_cpu: tuple[str, ...] = ()
     uncut_convolution_regions: bool = False
+    channels_last_convolutions_on_cpu: bool = False
 
 
 class KernelKind:

@@ -96,7 +96,8 @@ class StorageMap:
     strides: dict = field(default_factory=dict, repr=False, compare=False)
     #: the walk's state, to continue it over more bound symbols (``extended``)
     _walk: object = field(default=None, repr=False, compare=False)
-    #: id(bound symbol) -> (it, its workspace bytes): every schedule of a trace walks its ops
+    #: (id(bound symbol), channels-last) -> (it, its workspace bytes): every schedule of a trace
+    #: walks its ops
     _workspaces: dict = field(default_factory=dict, repr=False, compare=False)
 
     def extended(self, bsyms) -> StorageMap:
@@ -123,40 +124,45 @@ class StorageMap:
                 owners.setdefault(root, self.owner_bytes[root])
         return sum(owners.values())
 
-    def workspace_bytes(self, bsym) -> int:
+    def workspace_bytes(self, bsym, channels_last_convolution: bool = False) -> int:
         """Bytes the op allocates and frees inside itself, as PyTorch runs it: ``torch.matmul``
         (and ``linear`` of a non-contiguous input, which calls it) copies a batched operand whose
         strides do not fold into (batch, rows, columns) before its ``bmm``; a convolution's
         library kernel reorders operands and takes scratch memory (measured:
-        ``kernel_workspace``). 0 for other ops."""
+        ``kernel_workspace``), on channels-last operands of a 2-d convolution with
+        ``channels_last_convolution`` (as a compiler that converts them calls it). 0 for other
+        ops."""
         name = bsym.sym.name
         convolution = prim_id(bsym) is PrimIDs.CONVOLUTION
         if name not in ("matmul", "linear") and not convolution:
             return 0
-        known = self._workspaces.get(id(bsym))
+        key = (id(bsym), channels_last_convolution and convolution)
+        known = self._workspaces.get(key)
         if known is None or known[0] is not bsym:
-            bytes_ = self._convolution_workspace(bsym) if convolution else self._matmul_workspace(bsym, name)
-            known = self._workspaces[id(bsym)] = (bsym, bytes_)
+            bytes_ = (self._convolution_workspace(bsym, key[1]) if convolution
+                      else self._matmul_workspace(bsym, name))
+            known = self._workspaces[key] = (bsym, bytes_)
         return known[1]
 
-    def _convolution_workspace(self, bsym) -> int:
+    def _convolution_workspace(self, bsym, channels_last: bool) -> int:
         a, weight, bias, stride, padding, dilation, transposed, output_padding, groups = bsym.args[:9]
         if not all(isinstance(p, TensorProxy) for p in (a, weight)) or not isinstance(bias, (TensorProxy, type(None))):
             return 0
 
-        def spec(p):
+        def spec(p, layout: bool):
             if p is None:
                 return None
             sizes = _sizes(p)
-            return TensorSpec(sizes, tuple(self.strides.get(p.name, _contiguous_strides(sizes))),
-                              str(to_torch_dtype(p.dtype)), str(to_torch_device(p.device)))
+            strides = (_channels_last_strides(sizes) if layout and len(sizes) == 4
+                       else self.strides.get(p.name, _contiguous_strides(sizes)))
+            return TensorSpec(sizes, tuple(strides), str(to_torch_dtype(p.dtype)), str(to_torch_device(p.device)))
 
         def ints(values):
             return tuple(int(v) for v in values)
 
         return convolution_workspace(ConvolutionCall(
-            spec(a), spec(weight), spec(bias), ints(stride), ints(padding), ints(dilation), bool(transposed),
-            ints(output_padding), int(groups)))
+            spec(a, channels_last), spec(weight, channels_last), spec(bias, False), ints(stride), ints(padding),
+            ints(dilation), bool(transposed), ints(output_padding), int(groups)))
 
     def _matmul_workspace(self, bsym, name: str) -> int:
         args = [p for p in bsym.flat_proxy_args if isinstance(p, TensorProxy)]
@@ -391,6 +397,13 @@ def _view_base(bsym, args):
 
 def _sizes(p) -> tuple[int, ...]:
     return tuple(dim_size(d) for d in p.shape)
+
+
+def _channels_last_strides(sizes) -> tuple[int, ...]:
+    """Strides of ``sizes`` (batch, channels, spatial...) with channels innermost."""
+    batch, channels, *spatial = sizes
+    inner = _contiguous_strides((*spatial, channels))
+    return (inner[0] * spatial[0] if spatial else channels, inner[-1], *inner[:-1])
 
 
 def _contiguous_strides(sizes) -> tuple[int, ...]:

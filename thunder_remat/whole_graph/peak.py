@@ -258,7 +258,9 @@ def estimate_schedule_peak(schedule: CopySchedule, storages: StorageMap | None =
                 born[storage] = step
                 last_read.setdefault(storage, step)
                 made_now.append(storage)
-        workspace = 0 if fused else storages.workspace_bytes(bsyms[position])
+        workspace = (storages.workspace_bytes(bsyms[position]) if not fused
+                     else storages.workspace_bytes(bsyms[position], True) if channels_last_convolutions[position]
+                     else 0)
         if workspace:  # copies the op makes and frees inside itself, alive with its outputs
             storage = f"{WORKSPACE_PREFIX}{(tensor_outs[position] or ('?',))[0]} (step {step})"
             born[storage], last_read[storage], size[storage] = step, step, workspace
@@ -274,6 +276,12 @@ def estimate_schedule_peak(schedule: CopySchedule, storages: StorageMap | None =
 
     fusible = regions.fusible if regions is not None else (False,) * len(bsyms)
     backward = regions.backward if regions is not None else (False,) * len(bsyms)
+    # a fused convolution's library workspace is counted where the compiler's layout for it is
+    # known (Inductor's channels-last convolutions on CPU); 0 in other regions (not modelled)
+    channels_last = regions is not None and regions.kernels is not None and regions.kernels.channels_last_convolutions_on_cpu
+    channels_last_convolutions = [bool(channels_last and f and regions.convolution and regions.convolution[i]
+                                       and _on_cpu(bsyms[i]))
+                                  for i, f in enumerate(fusible)]
     forward_fused = regions is not None and regions.forward_regions
     prologue_end = None  # the step of the prologue's last copy
     for position in range(len(bsyms)):
