@@ -37,7 +37,7 @@ from thunder.torch import to_torch_dtype
 from thunder_remat.cost import dim_size, value_bytes
 from thunder_remat.kernel_workspace import ConvolutionCall, TensorSpec, convolution_workspace
 
-__all__ = ["StorageMap", "matmul_copy_elements", "prim_id", "storage_map"]
+__all__ = ["StorageMap", "accumulate_grad_copy", "matmul_copy_elements", "prim_id", "storage_map"]
 
 #: prims whose output is a view of their first tensor argument (Thunder 0.2.6's torch executor
 #: runs them as torch views, or returns the input itself: shallow_copy, update_aliases)
@@ -177,6 +177,24 @@ class StorageMap:
                 return 0
             b_sizes, b_strides = b_sizes[::-1], b_strides[::-1]  # the weight, transposed
         return matmul_copy_elements(a_sizes, a_strides, b_sizes, b_strides) * a.dtype.bytes
+
+    def gradient_copy_bytes(self, inputs, gradients, on_cpu: bool) -> int:
+        """The most bytes autograd's ``AccumulateGrad`` holds beyond the returned gradients when it
+        stores them (``accumulate_grad_copy`` per input and its gradient, pairs of proxies): it
+        copies those whose layout is not the input's, one at a time, freeing a gradient's
+        storage once every copy of a value on it is made. Inputs are taken as contiguous leaves."""
+        by_storage: dict[str, list[tuple[int, int]]] = {}
+        for leaf, grad in zip(inputs, gradients):
+            if not isinstance(leaf, TensorProxy) or not isinstance(grad, TensorProxy):
+                continue
+            sizes = _sizes(grad)
+            copied, temporary = accumulate_grad_copy(
+                _sizes(leaf), _contiguous_strides(_sizes(leaf)), sizes,
+                self.strides.get(grad.name, _contiguous_strides(sizes)), grad.dtype.bytes, on_cpu)
+            if copied:
+                by_storage.setdefault(self.owner_of(grad.name), []).append((copied, temporary))
+        return max((sum(c for c, _ in copies) + max(t for _, t in copies) for copies in by_storage.values()),
+                   default=0)
 
     def groups(self, names: Iterable[str]) -> dict[str, list[str]]:
         """owner -> the given names that share its storage, in the order given."""
@@ -523,6 +541,34 @@ def matmul_copy_elements(a_sizes, a_strides, b_sizes, b_strides) -> int:
         if _reshape_strides(expanded, _expanded_strides(sizes, strides, expanded), (rows, *matrix)) is None:
             copied += rows * matrix[0] * (matrix[1] if len(matrix) > 1 else 1)
     return copied
+
+
+#: ATen copies a transposed matrix of at least this many elements through a square tile of
+#: ``_TRANSPOSE_TILE`` elements a side (``copy_same_type_transpose_``, CPU, torch 2.11)
+_TRANSPOSE_MIN_ELEMENTS, _TRANSPOSE_TILE = 60 * 60, 60
+
+
+def accumulate_grad_copy(leaf_sizes, leaf_strides, grad_sizes, grad_strides, itemsize: int,
+                         on_cpu: bool) -> tuple[int, int]:
+    """(bytes of the copy, bytes of a temporary alive while it is made) that autograd's
+    ``AccumulateGrad`` makes of a leaf's first gradient (torch 2.11). It keeps the gradient as it
+    is when it obeys the layout contract (the leaf's strides in every dimension of size above 1,
+    no size-1 dimension of stride 0); otherwise it copies it into a tensor laid out as the leaf
+    (a matmul's weight gradient computed as a transpose, from ``x @ w.T``). On CPU a transposed
+    matrix of at least 60 x 60 elements is copied through a 60 x 60 tile."""
+    if tuple(grad_sizes) != tuple(leaf_sizes):
+        return 0, 0
+    obeys = all((st == leaf_st) if size != 1 else st != 0
+                for size, st, leaf_st in zip(grad_sizes, grad_strides, leaf_strides))
+    if obeys:
+        return 0, 0
+    elements = 1
+    for size in grad_sizes:
+        elements *= size
+    transposed = (len(grad_sizes) == 2 and grad_strides[0] == 1 and grad_strides[1] == grad_sizes[0]
+                  and elements >= _TRANSPOSE_MIN_ELEMENTS)
+    tile = _TRANSPOSE_TILE * _TRANSPOSE_TILE * itemsize if on_cpu and transposed else 0
+    return elements * itemsize, tile
 
 
 def _broadcast_sizes(a, b) -> tuple[int, ...]:

@@ -39,9 +39,12 @@ def estimate_peak_bytes(trace, regions: RegionModel | None = None, prologue=froz
 
 #: what the storages alive at the estimated peak are, in the order ``PeakBreakdown`` lists them
 PEAK_KINDS = ("saved for backward", "recomputed", "gradients", "backward values", "outputs", "forward values",
-              "op workspace")
+              "op workspace", "gradient copies")
 #: names the walk gives an op's workspace (``StorageMap.workspace_bytes``), alive while it runs
 WORKSPACE_PREFIX = "workspace of "
+#: the name the walk gives what autograd's AccumulateGrad copies of the returned gradients
+#: (``StorageMap.gradient_copy_bytes``), alive at the step's return
+GRADIENT_COPIES = "AccumulateGrad's layout copies"
 
 
 @dataclass(frozen=True)
@@ -59,7 +62,9 @@ class PeakBreakdown:
     #: the backward reads ("saved for backward"), the rewrite's copies ("recomputed", ``rc_`` names),
     #: the gradients the backward returns, its other values (cotangents, partial gradients,
     #: temporaries), the outputs the loss reads; "forward values" where the peak is in the forward;
-    #: "op workspace": an unfused matmul's operand copies while it runs
+    #: "op workspace": an unfused matmul's operand copies, a convolution's library workspace,
+    #: while the op runs; "gradient copies": autograd's copies of gradients laid out unlike their
+    #: parameters, when it stores them after the backward
     by_kind: dict
     #: the largest storages alive there, largest first: (the name that made it, bytes, kind); an
     #: op's workspace (``StorageMap.workspace_bytes``) is named after the op's first output
@@ -93,6 +98,8 @@ def peak_breakdown(trace, regions: RegionModel | None = None, prologue=frozenset
     def kind(storage) -> str:
         if str(storage).startswith(WORKSPACE_PREFIX):
             return "op workspace"
+        if storage == GRADIENT_COPIES:
+            return "gradient copies"
         if storage in gradients:
             return "gradients"
         if storage in outputs:
@@ -215,6 +222,7 @@ def estimate_schedule_peak(schedule: CopySchedule, storages: StorageMap | None =
     to_loss = loss_outputs(trace)
     returned = tuple(n for n in tensor_reads[last] if n not in to_loss)
     bsyms = trace.bound_symbols
+    gradient_copies = _gradient_copies(bsyms[last], storages)
     step_reads: list[list] = []  # per step: the storages it reads (not held ones)
     step_makes: list[list] = []  # per step: the storages it allocates
     step_outs: list[list] = []  # per step: the storages its outputs are on (views included)
@@ -264,6 +272,8 @@ def estimate_schedule_peak(schedule: CopySchedule, storages: StorageMap | None =
         if workspace:  # copies the op makes and frees inside itself, alive with its outputs
             storage = f"{WORKSPACE_PREFIX}{(tensor_outs[position] or ('?',))[0]} (step {step})"
             born[storage], last_read[storage], size[storage] = step, step, workspace
+        if position == last and gradient_copies:
+            born[GRADIENT_COPIES], last_read[GRADIENT_COPIES], size[GRADIENT_COPIES] = step, step, gradient_copies
         destination = in_place_destination(bsyms[position]) if fused else None
         name = getattr(destination, "name", None)
         step_reads.append(read_now)
@@ -423,6 +433,19 @@ def compiled_kernels(model: KernelModel, kinds: list, heavy: list[bool], region_
                 # backward there is a table-sized one)
         at += 1
     return reads
+
+
+def _gradient_copies(ret, storages: StorageMap) -> int:
+    """What autograd copies of the gradients a joint trace returns (``ret``: its return) when it
+    stores them in the inputs' ``.grad`` (``StorageMap.gradient_copy_bytes``)."""
+    returned = ret.args[0] if ret.args else None
+    if not (isinstance(returned, dict) and "output" in returned and "flat_args" in returned):
+        return 0
+    inputs, gradients = list(returned["flat_args"]), list(returned["output"])
+    if len(inputs) != len(gradients):
+        return 0
+    on_cpu = any(getattr(getattr(g, "device", None), "type", None) == "cpu" for g in gradients)
+    return storages.gradient_copy_bytes(inputs, gradients, on_cpu)
 
 
 def _on_cpu(op) -> bool:
