@@ -6,9 +6,7 @@ it to measure library kernels' workspaces (``kernel_workspace``). Plain torch, n
 
 from __future__ import annotations
 
-import gc
 import warnings
-from contextlib import contextmanager
 from dataclasses import dataclass
 
 __all__ = ["AllocatorPeak", "allocator_step_peak", "LiveAllocation", "allocations_live_at_peak",
@@ -69,31 +67,15 @@ def allocator_step_peak(step, device="cpu") -> AllocatorPeak:
     (at::parallel_for and autograd's CPU work do carry it), and frees of blocks allocated before
     any profiler recorded (the allocator does not know their size: the profiler warns "Memory
     block of unknown size ..."), which makes the count an upper bound in that case.
-
-    Python's cyclic garbage is collected before the step and not during it (both devices): a
-    collection inside the step would free memory of earlier work (a model measured before, and
-    its gradients) and lower the count by what that held.
     """
     import torch
 
     device = torch.device(device)
-    if device.type not in ("cuda", "cpu"):
+    if device.type == "cuda":
+        return _cuda_step_peak(step, device)
+    if device.type != "cpu":
         raise ValueError(f"allocator_step_peak measures cpu and cuda devices, got {device}")
-    with _no_collection_inside():
-        return _cuda_step_peak(step, device) if device.type == "cuda" else _cpu_step(step)[0]
-
-
-@contextmanager
-def _no_collection_inside():
-    """Collect cyclic garbage now, and none until the block ends (see ``allocator_step_peak``)."""
-    gc.collect()
-    enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if enabled:
-            gc.enable()
+    return _cpu_step(step)[0]
 
 
 @dataclass(frozen=True)
@@ -117,8 +99,7 @@ def allocations_live_at_peak(step) -> tuple[AllocatorPeak, list[LiveAllocation]]
     What makes a peak: match these to the values of a trace or the buffers of Inductor's generated
     code (``TORCH_LOGS=output_code``); tell parameter gradients apart by their storages. CPU only
     (on CUDA, ``torch.cuda.memory._record_memory_history`` records the same)."""
-    with _no_collection_inside():
-        return _cpu_step(step, ranges=True)
+    return _cpu_step(step, ranges=True)
 
 
 def _cpu_step(step, ranges: bool = False) -> tuple[AllocatorPeak, list[LiveAllocation]]:
