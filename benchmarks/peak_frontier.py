@@ -449,7 +449,7 @@ def _mb(n) -> str:
 
 def table(rows, work, device) -> str:
     lines = [f"Model: {work.label}, fp32, {device}. Peak: allocator bytes above the step's start "
-             "(gradients set to None before the step). Estimate: thunder_remat's own, with the fusion regions "
+             "(gradients set to None before the step; the larger of two measured steps). Estimate: thunder_remat's own, with the fusion regions "
              "the executor is expected to form (* = walk of the rewritten joint trace).", "",
              "| system | executor | budget | measured peak MB | thunder_remat estimate MB | saved activations MB "
              "| est. recompute flops | warm step ms | first call s | grads = eager (max abs diff) |",
