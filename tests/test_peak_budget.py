@@ -256,6 +256,26 @@ def test_the_estimate_holds_a_matmuls_operand_copies_while_it_runs():
     torch.testing.assert_close(w.grad, w_eager.grad)
 
 
+@pytest.mark.jit
+def test_the_estimate_holds_the_buffers_a_bfloat16_matmul_packs_its_operands_into_on_cpu():
+    """oneDNN runs a bfloat16 matmul on CPU by packing its operands into buffers of its own,
+    inside the op; measured once per call (``kernel_workspace``), the estimate equals the
+    allocator's peak (without them it was 39% below: 40,960 B against 67,336 B)."""
+    def mlp(x, w1, w2):
+        return (torch.nn.functional.linear(x, w1).relu() @ w2).float().pow(2).sum()
+
+    torch.manual_seed(0)
+    x = torch.randn(32, 64, dtype=torch.bfloat16)
+    w1, w2 = (torch.randn(128, 64, dtype=torch.bfloat16, requires_grad=True) for _ in range(2))
+    jm = thunder.jit(mlp, remat=True, remat_memory_budget=0.0)
+    jm(x, w1, w2).backward()
+    w1.grad = w2.grad = None
+    measured = allocator_step_peak(lambda: jm(x, w1, w2).backward()).peak_bytes
+    plan = thunder_remat.last_save_plan(jm)
+    assert plan.peak_at.by_kind["op workspace"] > 0
+    assert plan.peak_estimate <= measured <= plan.peak_estimate + 8  # the returned loss's 4 bytes
+
+
 class _GiveGradient(torch.autograd.Function):
     """Hands its input, as gradient, the tensor ``make()`` returns (made inside the backward)."""
 

@@ -9,7 +9,9 @@ embedding of 3 channels its weight only). No rule from the trace would stay true
 not guess: the first time it meets a call it runs the op once on zeros of the same sizes,
 strides, dtype and device, reads the allocator's peak during the call
 (``allocator.allocator_step_peak``) and keeps the bytes above the output's storage. Later
-walks, plans and compilations in the process read the kept figure.
+walks, plans and compilations in the process read the kept figure. The same holds for a matmul
+in bfloat16 or float16 on CPU, which oneDNN runs by packing its operands into buffers of its own
+(a float32 matmul allocates nothing there beyond the operand copies ``storage`` derives).
 
 The figure is what the op holds beyond its output while it runs. Where it cannot be measured (a
 meta or other device, a profiler already recording, the op failing on zeros) it is 0 and the
@@ -23,7 +25,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
-__all__ = ["ConvolutionCall", "TensorSpec", "convolution_workspace"]
+__all__ = ["ConvolutionCall", "MatmulCall", "TensorSpec", "convolution_workspace", "matmul_workspace"]
 
 log = logging.getLogger(__name__)
 
@@ -54,13 +56,34 @@ class ConvolutionCall:
     groups: int
 
 
-_measured: dict[ConvolutionCall, int] = {}
+@dataclass(frozen=True)
+class MatmulCall:
+    """``torch.matmul(a, b)``, or ``torch.nn.functional.linear(a, b, bias)`` where ``linear``."""
+
+    a: TensorSpec
+    b: TensorSpec
+    bias: TensorSpec | None = None
+    linear: bool = False
+
+
+_measured: dict = {}
 _MEASURABLE_DEVICES = ("cpu", "cuda")
 
 
 def convolution_workspace(call: ConvolutionCall) -> int:
     """Bytes ``torch.convolution`` holds beyond its output while it runs ``call`` (measured the
     first time, then remembered for the process)."""
+    return _remembered(call)
+
+
+def matmul_workspace(call: MatmulCall) -> int:
+    """Bytes ``torch.matmul`` (``linear``) holds beyond its output while it runs ``call``: its
+    operand copies and, in reduced precision on CPU, the buffers oneDNN packs operands into
+    (measured the first time, then remembered for the process)."""
+    return _remembered(call)
+
+
+def _remembered(call) -> int:
     known = _measured.get(call)
     if known is None:
         known = _measure(call)
@@ -69,39 +92,54 @@ def convolution_workspace(call: ConvolutionCall) -> int:
     return known or 0
 
 
-def _measure(call: ConvolutionCall) -> int | None:
+def _run(call, zeros):
+    """The op ``call`` describes, run on ``zeros(spec)`` tensors."""
+    import torch
+
+    if isinstance(call, ConvolutionCall):
+        return torch.convolution(zeros(call.input), zeros(call.weight), zeros(call.bias), list(call.stride),
+                                 list(call.padding), list(call.dilation), call.transposed, list(call.output_padding),
+                                 call.groups)
+    if call.linear:
+        return torch.nn.functional.linear(zeros(call.a), zeros(call.b), zeros(call.bias))
+    return torch.matmul(zeros(call.a), zeros(call.b))
+
+
+def _measure(call) -> int | None:
     """The workspace's bytes; None where it cannot be measured now (a profiler recording)."""
     import torch
 
     from thunder_remat.allocator import allocator_step_peak
 
-    device = torch.device(call.input.device)
+    what = type(call).__name__.removesuffix("Call").lower()
+    first = call.input if isinstance(call, ConvolutionCall) else call.a
+    device = torch.device(first.device)
     if device.type not in _MEASURABLE_DEVICES or (device.type == "cuda" and not torch.cuda.is_available()):
-        log.info("convolution workspace not measured on device %s: counted as 0", device)
+        log.info("%s workspace not measured on device %s: counted as 0", what, device)
         return 0
+    # torch 2.11: whether a profiler is recording on this thread (no public getter)
     if torch.autograd.profiler._is_profiler_enabled:
-        _log_once("a profiler is already recording: convolution workspaces are counted as 0 in this estimate")
+        _log_once(f"a profiler is already recording: {what} workspaces are counted as 0 in this estimate")
         return None
+    made, held = [], {}
 
     def zeros(spec: TensorSpec | None):
         if spec is None:
             return None
-        dtype = getattr(torch, spec.dtype.removeprefix("torch."))
-        return torch.empty_strided(spec.sizes, spec.strides, dtype=dtype, device=spec.device).zero_()
+        if spec not in held:  # made before the measured call, so not counted in it
+            dtype = getattr(torch, spec.dtype.removeprefix("torch."))
+            held[spec] = torch.empty_strided(spec.sizes, spec.strides, dtype=dtype, device=spec.device).zero_()
+        return held[spec]
 
-    args = (zeros(call.input), zeros(call.weight), zeros(call.bias), list(call.stride), list(call.padding),
-            list(call.dilation), call.transposed, list(call.output_padding), call.groups)
-    made = []
     try:
         with torch.no_grad():
-            made.append(torch.convolution(*args))  # the first call may set up what the next reuse
-            made.clear()
-            peak = allocator_step_peak(lambda: made.append(torch.convolution(*args)), device=device)
+            _run(call, zeros)  # the first call may set up what later calls reuse
+            peak = allocator_step_peak(lambda: made.append(_run(call, zeros)), device=device)
     except Exception as error:  # noqa: BLE001 - any failure leaves the estimate as it was
-        _log_once(f"convolution workspace not measured ({type(error).__name__}: {error}): counted as 0")
+        _log_once(f"{what} workspace not measured ({type(error).__name__}: {error}): counted as 0")
         return 0
     workspace = max(0, peak.peak_bytes - made[0].untyped_storage().nbytes())
-    log.debug("convolution %s: %d B of workspace", call, workspace)
+    log.debug("%s %s: %d B of workspace", what, call, workspace)
     return workspace
 
 

@@ -30,12 +30,14 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from thunder.core.devices import to_torch_device
+from thunder.core.dtypes import is_float_dtype
 from thunder.core.prims import PrimIDs
 from thunder.core.proxies import TensorProxy
 from thunder.torch import to_torch_dtype
 
 from thunder_remat.cost import dim_size, value_bytes
-from thunder_remat.kernel_workspace import ConvolutionCall, TensorSpec, convolution_workspace
+from thunder_remat.kernel_workspace import (ConvolutionCall, MatmulCall, TensorSpec, convolution_workspace,
+                                            matmul_workspace)
 
 __all__ = ["StorageMap", "accumulate_grad_copy", "matmul_copy_elements", "prim_id", "storage_map"]
 
@@ -127,7 +129,8 @@ class StorageMap:
     def workspace_bytes(self, bsym, channels_last_convolution: bool = False) -> int:
         """Bytes the op allocates and frees inside itself, as PyTorch runs it: ``torch.matmul``
         (and ``linear`` of a non-contiguous input, which calls it) copies a batched operand whose
-        strides do not fold into (batch, rows, columns) before its ``bmm``; a convolution's
+        strides do not fold into (batch, rows, columns) before its ``bmm`` (in bfloat16 or
+        float16 on CPU, where oneDNN packs operands too, measured: ``kernel_workspace``); a convolution's
         library kernel reorders operands and takes scratch memory (measured:
         ``kernel_workspace``), on channels-last operands of a 2-d convolution with
         ``channels_last_convolution`` (as a compiler that converts them calls it). 0 for other
@@ -149,20 +152,12 @@ class StorageMap:
         if not all(isinstance(p, TensorProxy) for p in (a, weight)) or not isinstance(bias, (TensorProxy, type(None))):
             return 0
 
-        def spec(p, layout: bool):
-            if p is None:
-                return None
-            sizes = _sizes(p)
-            strides = (_channels_last_strides(sizes) if layout and len(sizes) == 4
-                       else self.strides.get(p.name, _contiguous_strides(sizes)))
-            return TensorSpec(sizes, tuple(strides), str(to_torch_dtype(p.dtype)), str(to_torch_device(p.device)))
-
         def ints(values):
             return tuple(int(v) for v in values)
 
         return convolution_workspace(ConvolutionCall(
-            spec(a, channels_last), spec(weight, channels_last), spec(bias, False), ints(stride), ints(padding),
-            ints(dilation), bool(transposed), ints(output_padding), int(groups)))
+            self._spec(a, channels_last), self._spec(weight, channels_last), self._spec(bias), ints(stride),
+            ints(padding), ints(dilation), bool(transposed), ints(output_padding), int(groups)))
 
     def _matmul_workspace(self, bsym, name: str) -> int:
         args = [p for p in bsym.flat_proxy_args if isinstance(p, TensorProxy)]
@@ -170,6 +165,9 @@ class StorageMap:
             return 0
         a, b = args[0], args[1]
         a_sizes, a_strides, b_sizes, b_strides = _sizes(a), self.strides[a.name], _sizes(b), self.strides[b.name]
+        if a.dtype.bytes == 2 and is_float_dtype(a.dtype) and to_torch_device(a.device).type == "cpu":
+            bias = args[2] if name == "linear" and len(args) > 2 else None
+            return matmul_workspace(MatmulCall(*(self._spec(p) for p in (a, b)), self._spec(bias), name == "linear"))
         if name == "linear":
             if len(a_sizes) <= 2 or (len(args) > 2 and _is_contiguous(a_sizes, a_strides)):
                 return 0  # addmm, or the contiguous input flattened to a matrix
@@ -177,6 +175,16 @@ class StorageMap:
                 return 0
             b_sizes, b_strides = b_sizes[::-1], b_strides[::-1]  # the weight, transposed
         return matmul_copy_elements(a_sizes, a_strides, b_sizes, b_strides) * a.dtype.bytes
+
+    def _spec(self, p, channels_last: bool = False) -> TensorSpec | None:
+        """``p`` as the plain record ``kernel_workspace`` runs (with the walk's strides, or
+        channels-last ones for a 4-d tensor where ``channels_last``)."""
+        if p is None:
+            return None
+        sizes = _sizes(p)
+        strides = (_channels_last_strides(sizes) if channels_last and len(sizes) == 4
+                   else self.strides.get(p.name, _contiguous_strides(sizes)))
+        return TensorSpec(sizes, tuple(strides), str(to_torch_dtype(p.dtype)), str(to_torch_device(p.device)))
 
     def gradient_copy_bytes(self, inputs, gradients, on_cpu: bool) -> int:
         """The most bytes autograd's ``AccumulateGrad`` holds beyond the returned gradients when it
