@@ -147,6 +147,16 @@ class StorageMap:
             known = self._workspaces[key] = (bsym, bytes_)
         return known[1]
 
+    def library_call(self, bsym) -> bool:
+        """Whether ``bsym``'s workspace is a library kernel's, measured (``kernel_workspace``): a
+        convolution, or a matmul in bfloat16 or float16 on CPU."""
+        if prim_id(bsym) is PrimIDs.CONVOLUTION:
+            return True
+        if bsym.sym.name not in ("matmul", "linear"):
+            return False
+        a = next((p for p in bsym.flat_proxy_args if isinstance(p, TensorProxy)), None)
+        return a is not None and _packed_by_onednn(a)
+
     def _convolution_workspace(self, bsym, channels_last: bool) -> int:
         a, weight, bias, stride, padding, dilation, transposed, output_padding, groups = bsym.args[:9]
         if not all(isinstance(p, TensorProxy) for p in (a, weight)) or not isinstance(bias, (TensorProxy, type(None))):
@@ -165,7 +175,7 @@ class StorageMap:
             return 0
         a, b = args[0], args[1]
         a_sizes, a_strides, b_sizes, b_strides = _sizes(a), self.strides[a.name], _sizes(b), self.strides[b.name]
-        if a.dtype.bytes == 2 and is_float_dtype(a.dtype) and to_torch_device(a.device).type == "cpu":
+        if _packed_by_onednn(a):
             bias = args[2] if name == "linear" and len(args) > 2 else None
             return matmul_workspace(MatmulCall(*(self._spec(p) for p in (a, b)), self._spec(bias), name == "linear"))
         if name == "linear":
@@ -423,6 +433,12 @@ def _view_base(bsym, args):
 
 def _sizes(p) -> tuple[int, ...]:
     return tuple(dim_size(d) for d in p.shape)
+
+
+def _packed_by_onednn(a) -> bool:
+    """A matmul reading ``a`` runs in oneDNN, which packs operands into buffers of its own: a
+    16-bit float on CPU."""
+    return a.dtype.bytes == 2 and is_float_dtype(a.dtype) and to_torch_device(a.device).type == "cpu"
 
 
 def _channels_last_strides(sizes) -> tuple[int, ...]:

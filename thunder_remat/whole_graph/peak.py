@@ -267,7 +267,7 @@ def estimate_schedule_peak(schedule: CopySchedule, storages: StorageMap | None =
                 last_read.setdefault(storage, step)
                 made_now.append(storage)
         workspace = (storages.workspace_bytes(bsyms[position]) if not fused
-                     else storages.workspace_bytes(bsyms[position], True) if channels_last_convolutions[position]
+                     else storages.workspace_bytes(bsyms[position], channels_last) if library_call[position]
                      else 0)
         if workspace:  # copies the op makes and frees inside itself, alive with its outputs
             storage = f"{WORKSPACE_PREFIX}{(tensor_outs[position] or ('?',))[0]} (step {step})"
@@ -286,12 +286,13 @@ def estimate_schedule_peak(schedule: CopySchedule, storages: StorageMap | None =
 
     fusible = regions.fusible if regions is not None else (False,) * len(bsyms)
     backward = regions.backward if regions is not None else (False,) * len(bsyms)
-    # a fused convolution's library workspace is counted where the compiler's layout for it is
-    # known (Inductor's channels-last convolutions on CPU); 0 in other regions (not modelled)
-    channels_last = regions is not None and regions.kernels is not None and regions.kernels.channels_last_convolutions_on_cpu
-    channels_last_convolutions = [bool(channels_last and f and regions.convolution and regions.convolution[i]
-                                       and _on_cpu(bsyms[i]))
-                                  for i, f in enumerate(fusible)]
+    # a fused op's library workspace (``StorageMap.library_call``) is counted in the regions of a
+    # compiler that calls the library as PyTorch does (Inductor's extern kernels on CPU, its 2-d
+    # convolutions on channels-last operands where its kernel model says so); 0 in other regions
+    kernels = regions.kernels if regions is not None else None
+    channels_last = kernels is not None and kernels.channels_last_convolutions_on_cpu
+    library_call = [bool(kernels is not None and f and _on_cpu(bsyms[i]) and storages.library_call(bsyms[i]))
+                    for i, f in enumerate(fusible)]
     forward_fused = regions is not None and regions.forward_regions
     prologue_end = None  # the step of the prologue's last copy
     for position in range(len(bsyms)):
