@@ -17,7 +17,8 @@ The figure is what the op holds beyond its output while it runs. Where it cannot
 meta or other device, a profiler already recording, the op failing on zeros) it is 0 and the
 reason is logged once: the estimate is then what it was before the probe existed. Under a
 profiler that is already recording nothing is measured (the probe would disturb the user's
-profile) nor remembered.
+profile) nor remembered. Checked against the allocator on CPU; on CUDA the probe runs the same
+way with the caching allocator's counters (cuDNN's workspace), not yet checked on a GPU.
 """
 
 from __future__ import annotations
