@@ -381,11 +381,12 @@ def test_the_estimate_holds_a_convolutions_library_workspace_while_it_runs():
 
 
 @pytest.mark.unit
-def test_a_convolutions_workspace_is_measured_once_per_call_and_not_under_another_profiler():
+def test_a_convolutions_workspace_is_measured_once_per_call_and_not_under_a_profiler_or_dispatch_mode():
     """The probe's figure is the allocator's peak during the call above the output's storage,
-    remembered per call; under a profiler that is already recording it measures nothing (0)
-    rather than disturb the user's profile."""
+    remembered per call; under a profiler that is already recording, or a dispatch mode, it
+    measures nothing (0) rather than disturb the user's profile or run on fake tensors."""
     from torch.profiler import ProfilerActivity, profile
+    from torch.utils._python_dispatch import TorchDispatchMode
 
     from thunder_remat import kernel_workspace
     from thunder_remat.kernel_workspace import ConvolutionCall, TensorSpec, convolution_workspace
@@ -405,6 +406,14 @@ def test_a_convolutions_workspace_is_measured_once_per_call_and_not_under_anothe
     assert call(24) in kernel_workspace._measured
     kernel_workspace._measured.pop(call(40), None)
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True):
+        assert convolution_workspace(call(40)) == 0
+    assert call(40) not in kernel_workspace._measured
+
+    class PassThrough(TorchDispatchMode):  # a user's memory tracker, a fake tensor mode
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            return func(*args, **(kwargs or {}))
+
+    with PassThrough():
         assert convolution_workspace(call(40)) == 0
     assert call(40) not in kernel_workspace._measured
 

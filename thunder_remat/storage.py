@@ -127,14 +127,13 @@ class StorageMap:
         return sum(owners.values())
 
     def workspace_bytes(self, bsym, channels_last_convolution: bool = False) -> int:
-        """Bytes the op allocates and frees inside itself, as PyTorch runs it: ``torch.matmul``
+        """Bytes the op allocates and frees inside itself, as PyTorch runs it. ``torch.matmul``
         (and ``linear`` of a non-contiguous input, which calls it) copies a batched operand whose
-        strides do not fold into (batch, rows, columns) before its ``bmm`` (in bfloat16 or
-        float16 on CPU, where oneDNN packs operands too, measured: ``kernel_workspace``); a convolution's
-        library kernel reorders operands and takes scratch memory (measured:
-        ``kernel_workspace``), on channels-last operands of a 2-d convolution with
-        ``channels_last_convolution`` (as a compiler that converts them calls it). 0 for other
-        ops."""
+        strides do not fold into (batch, rows, columns) before its ``bmm``. A library kernel's
+        own memory is measured (``kernel_workspace``): a convolution's (oneDNN's reordered
+        operands and scratch; with ``channels_last_convolution`` a 2-d convolution on
+        channels-last operands, as a compiler that converts them calls it), a bfloat16 or float16
+        matmul's on CPU (oneDNN's packed operands, the copies included). 0 for other ops."""
         name = bsym.sym.name
         convolution = prim_id(bsym) is PrimIDs.CONVOLUTION
         if name not in ("matmul", "linear") and not convolution:
