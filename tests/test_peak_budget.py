@@ -381,10 +381,11 @@ def test_the_estimate_holds_a_convolutions_library_workspace_while_it_runs():
 
 
 @pytest.mark.unit
-def test_a_convolutions_workspace_is_measured_once_per_call_and_not_under_a_profiler_or_dispatch_mode():
+def test_a_convolutions_workspace_is_measured_once_per_call_outside_dispatch_modes_and_not_under_a_profiler():
     """The probe's figure is the allocator's peak during the call above the output's storage,
-    remembered per call; under a profiler that is already recording, or a dispatch mode, it
-    measures nothing (0) rather than disturb the user's profile or run on fake tensors."""
+    remembered per call; under a profiler that is already recording it measures nothing (0)
+    rather than disturb the user's profile; a dispatch mode (a memory tracker, a fake tensor mode)
+    is set aside while it runs."""
     from torch.profiler import ProfilerActivity, profile
     from torch.utils._python_dispatch import TorchDispatchMode
 
@@ -409,13 +410,16 @@ def test_a_convolutions_workspace_is_measured_once_per_call_and_not_under_a_prof
         assert convolution_workspace(call(40)) == 0
     assert call(40) not in kernel_workspace._measured
 
-    class PassThrough(TorchDispatchMode):  # a user's memory tracker, a fake tensor mode
+    class Tracker(TorchDispatchMode):  # a user's memory tracker
+        seen = 0
+
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            Tracker.seen += 1
             return func(*args, **(kwargs or {}))
 
-    with PassThrough():
-        assert convolution_workspace(call(40)) == 0
-    assert call(40) not in kernel_workspace._measured
+    with Tracker():
+        assert convolution_workspace(call(40)) > 0
+    assert Tracker.seen == 0 and call(40) in kernel_workspace._measured
 
 
 @pytest.mark.jit

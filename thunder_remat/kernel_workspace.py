@@ -16,9 +16,9 @@ in bfloat16 or float16 on CPU, which oneDNN runs by packing its operands into bu
 The figure is what the op holds beyond its output while it runs. Where it cannot be measured (a
 meta or other device, a profiler already recording, the op failing on zeros) it is 0 and the
 reason is logged once: the estimate is then what it was before the probe existed. Under a
-profiler that is already recording, or under a dispatch mode (a fake tensor mode, a memory
-tracker), nothing is measured (the probe would disturb the user's profile, or run on fake
-tensors) nor remembered. Checked against the allocator on CPU; on CUDA the probe runs the same
+profiler that is already recording nothing is measured (the probe would disturb the user's
+profile) nor remembered. Dispatch modes (a fake tensor mode, a user's memory tracker) are set
+aside while the probe runs, so it measures real tensors and the tracker does not see them. Checked against the allocator on CPU; on CUDA the probe runs the same
 way with the caching allocator's counters (cuDNN's workspace), not yet checked on a GPU.
 """
 
@@ -119,12 +119,9 @@ def _measure(call) -> int | None:
     if device.type not in _MEASURABLE_DEVICES or (device.type == "cuda" and not torch.cuda.is_available()):
         log.info("%s workspace not measured on device %s: counted as 0", what, device)
         return 0
-    # torch 2.11: whether a profiler is recording on this thread, whether a dispatch mode (a fake
-    # or meta tensor mode, a user's memory tracker) would take the probe's ops (no public getters)
-    from torch.utils._python_dispatch import _get_current_dispatch_mode
-
-    if torch.autograd.profiler._is_profiler_enabled or _get_current_dispatch_mode() is not None:
-        _log_once(f"a profiler or a dispatch mode is active: {what} workspaces are counted as 0 in this estimate")
+    # torch 2.11: whether a profiler is recording on this thread (no public getter)
+    if torch.autograd.profiler._is_profiler_enabled:
+        _log_once(f"a profiler is already recording: {what} workspaces are counted as 0 in this estimate")
         return None
     made, held = [], {}
 
@@ -136,8 +133,12 @@ def _measure(call) -> int | None:
             held[spec] = torch.empty_strided(spec.sizes, spec.strides, dtype=dtype, device=spec.device).zero_()
         return held[spec]
 
+    # the probe runs outside any dispatch mode (a fake tensor mode, a user's memory tracker) on
+    # real tensors: the same figure whatever mode the compilation runs under (torch 2.11, private)
+    from torch.utils._python_dispatch import _disable_current_modes
+
     try:
-        with torch.no_grad():
+        with torch.no_grad(), _disable_current_modes():
             _run(call, zeros)  # the first call may set up what later calls reuse
             peak = allocator_step_peak(lambda: made.append(_run(call, zeros)), device=device)
     except Exception as error:  # noqa: BLE001 - any failure leaves the estimate as it was
