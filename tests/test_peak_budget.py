@@ -50,6 +50,18 @@ def _eager_gradients(name):
     return [p.grad for p in model.parameters()]
 
 
+def _program_step(fn, inputs, leaves, **options):
+    """``fn(*inputs, *leaves)`` jitted with thunder_remat (``options``), one warm-up step, then
+    one measured by the allocator, gradients set to None first. Returns (the plan, the measured
+    peak); the leaves hold the measured step's gradients."""
+    jm = thunder.jit(fn, remat=True, **options)
+    jm(*inputs, *leaves).backward()
+    for leaf in leaves:
+        leaf.grad = None
+    measured = allocator_step_peak(lambda: jm(*inputs, *leaves).backward()).peak_bytes
+    return thunder_remat.last_save_plan(jm), measured
+
+
 @pytest.mark.jit
 def test_a_peak_budget_is_met_and_lower_budgets_never_raise_the_peak():
     """Budgets between the lowest estimated peak and the fastest plan's, the loss outside the
@@ -237,22 +249,18 @@ def test_the_estimate_holds_a_matmuls_operand_copies_while_it_runs():
     """Attention-like scores of heads split from a projection: ``torch.matmul`` copies the
     permuted heads before its ``bmm``, which makes the step's peak; without those copies the
     estimate was 17% below the allocator's peak."""
-    def scores(x, w, v):
+    def scores(x, v, w):
         heads = (x @ w).view(4, 32, 4, 16).permute(0, 2, 1, 3)
         return ((heads @ heads.transpose(-1, -2)) * v).sum()
 
     torch.manual_seed(0)
     x, w, v = torch.randn(4, 32, 64), torch.randn(64, 64, requires_grad=True), torch.randn(32, 32)
-    jm = thunder.jit(scores, remat=True, remat_memory_budget=0.0)
-    jm(x, w, v).backward()
-    w.grad = None
-    measured = allocator_step_peak(lambda: jm(x, w, v).backward()).peak_bytes
-    plan = thunder_remat.last_save_plan(jm)
+    plan, measured = _program_step(scores, (x, v), (w,), remat_memory_budget=0.0)
     assert plan.peak_at.by_kind["op workspace"] == 4 * 4 * 32 * 16 * 4  # one permuted operand copied
     assert plan.peak_estimate <= measured <= plan.peak_estimate + 8  # the returned loss's 4 bytes
     torch.manual_seed(0)
     w_eager = w.detach().clone().requires_grad_()
-    scores(x, w_eager, v).backward()
+    scores(x, v, w_eager).backward()
     torch.testing.assert_close(w.grad, w_eager.grad)
 
 
@@ -270,11 +278,7 @@ def test_the_estimate_holds_the_buffers_a_bfloat16_matmul_packs_its_operands_int
     torch.manual_seed(0)
     x = torch.randn(32, 64, dtype=torch.bfloat16)
     w1, w2 = (torch.randn(128, 64, dtype=torch.bfloat16, requires_grad=True) for _ in range(2))
-    jm = thunder.jit(mlp, executors=list(executors) or None, remat=True, remat_memory_budget=0.0)
-    jm(x, w1, w2).backward()
-    w1.grad = w2.grad = None
-    measured = allocator_step_peak(lambda: jm(x, w1, w2).backward()).peak_bytes
-    plan = thunder_remat.last_save_plan(jm)
+    plan, measured = _program_step(mlp, (x,), (w1, w2), executors=list(executors) or None, remat_memory_budget=0.0)
     assert plan.peak_at.by_kind["op workspace"] > 0
     assert plan.peak_estimate <= measured <= plan.peak_estimate + 8  # the returned loss's 4 bytes
 
@@ -343,11 +347,7 @@ def test_the_estimate_holds_autograds_copies_of_transposed_weight_gradients():
     torch.manual_seed(0)
     x = torch.randn(4, 64)
     w1, w2 = torch.randn(256, 64, requires_grad=True), torch.randn(64, 256, requires_grad=True)
-    jm = thunder.jit(mlp, remat=True, remat_memory_budget=0.5)
-    jm(x, w1, w2).backward()
-    w1.grad = w2.grad = None
-    measured = allocator_step_peak(lambda: jm(x, w1, w2).backward()).peak_bytes
-    plan = thunder_remat.last_save_plan(jm)
+    plan, measured = _program_step(mlp, (x,), (w1, w2), remat_memory_budget=0.5)
     assert plan.peak_at.by_kind["gradient copies"] == 256 * 64 * 4 + 60 * 60 * 4  # one copy, one tile
     assert plan.peak_estimate <= measured <= plan.peak_estimate + 8  # the returned loss's 4 bytes
     assert w1.grad.stride() == w1.stride() and w2.grad.stride() == w2.stride()
@@ -367,11 +367,7 @@ def test_the_estimate_holds_a_convolutions_library_workspace_while_it_runs():
     torch.manual_seed(0)
     x = torch.randn(2, 16, 8, 8)
     w1, w2 = torch.randn(16, 1, 7, 7, requires_grad=True), torch.randn(32, 16, 3, 3, requires_grad=True)
-    jm = thunder.jit(cnn, remat=True, remat_memory_budget=0.0)
-    jm(x, w1, w2).backward()
-    w1.grad = w2.grad = None
-    measured = allocator_step_peak(lambda: jm(x, w1, w2).backward()).peak_bytes
-    plan = thunder_remat.last_save_plan(jm)
+    plan, measured = _program_step(cnn, (x,), (w1, w2), remat_memory_budget=0.0)
     assert plan.peak_at.by_kind["op workspace"] > 0
     assert plan.peak_estimate <= measured <= plan.peak_estimate + 8  # the returned loss's 4 bytes
     alone = [w.detach().clone().requires_grad_() for w in (w1, w2)]  # Thunder's convolution backward

@@ -39,7 +39,8 @@ from thunder_remat.cost import dim_size, value_bytes
 from thunder_remat.kernel_workspace import (ConvolutionCall, MatmulCall, TensorSpec, convolution_workspace,
                                             matmul_workspace)
 
-__all__ = ["StorageMap", "accumulate_grad_copy", "matmul_copy_elements", "prim_id", "storage_map"]
+__all__ = ["StorageMap", "accumulate_grad_copy", "matmul_copy_elements", "measured_workspace", "prim_id",
+           "storage_map"]
 
 #: prims whose output is a view of their first tensor argument (Thunder 0.2.6's torch executor
 #: runs them as torch views, or returns the input itself: shallow_copy, update_aliases)
@@ -98,8 +99,8 @@ class StorageMap:
     strides: dict = field(default_factory=dict, repr=False, compare=False)
     #: the walk's state, to continue it over more bound symbols (``extended``)
     _walk: object = field(default=None, repr=False, compare=False)
-    #: (id(bound symbol), channels-last) -> (it, its workspace bytes): every schedule of a trace
-    #: walks its ops
+    #: (id(bound symbol), channels-last, or "gradients" for the return) -> (it, its workspace
+    #: bytes): every schedule of a trace walks its ops
     _workspaces: dict = field(default_factory=dict, repr=False, compare=False)
 
     def extended(self, bsyms) -> StorageMap:
@@ -146,16 +147,6 @@ class StorageMap:
             known = self._workspaces[key] = (bsym, bytes_)
         return known[1]
 
-    def library_call(self, bsym) -> bool:
-        """Whether ``bsym``'s workspace is a library kernel's, measured (``kernel_workspace``): a
-        convolution, or a matmul in bfloat16 or float16 on CPU."""
-        if prim_id(bsym) is PrimIDs.CONVOLUTION:
-            return True
-        if bsym.sym.name not in ("matmul", "linear"):
-            return False
-        a = next((p for p in bsym.flat_proxy_args if isinstance(p, TensorProxy)), None)
-        return a is not None and _packed_by_onednn(a)
-
     def _convolution_workspace(self, bsym, channels_last: bool) -> int:
         a, weight, bias, stride, padding, dilation, transposed, output_padding, groups = bsym.args[:9]
         if not all(isinstance(p, TensorProxy) for p in (a, weight)) or not isinstance(bias, (TensorProxy, type(None))):
@@ -173,10 +164,10 @@ class StorageMap:
         if len(args) < 2 or any(p.name not in self.strides for p in args[:2]):
             return 0
         a, b = args[0], args[1]
-        a_sizes, a_strides, b_sizes, b_strides = _sizes(a), self.strides[a.name], _sizes(b), self.strides[b.name]
         if _packed_by_onednn(a):
             bias = args[2] if name == "linear" and len(args) > 2 else None
-            return matmul_workspace(MatmulCall(*(self._spec(p) for p in (a, b)), self._spec(bias), name == "linear"))
+            return matmul_workspace(MatmulCall(self._spec(a), self._spec(b), self._spec(bias), name == "linear"))
+        a_sizes, a_strides, b_sizes, b_strides = _sizes(a), self.strides[a.name], _sizes(b), self.strides[b.name]
         if name == "linear":
             if len(a_sizes) <= 2 or (len(args) > 2 and _is_contiguous(a_sizes, a_strides)):
                 return 0  # addmm, or the contiguous input flattened to a matrix
@@ -195,19 +186,30 @@ class StorageMap:
                    else self.strides.get(p.name, _contiguous_strides(sizes)))
         return TensorSpec(sizes, tuple(strides), str(to_torch_dtype(p.dtype)), str(to_torch_device(p.device)))
 
-    def gradient_copy_bytes(self, inputs, gradients, on_cpu: bool) -> int:
-        """The most bytes autograd's ``AccumulateGrad`` holds beyond the returned gradients when it
-        stores them (``accumulate_grad_copy`` per input and its gradient, pairs of proxies): it
-        copies those whose layout is not the input's, one at a time, freeing a gradient's
-        storage once every copy of a value on it is made. Inputs are taken as contiguous leaves."""
+    def gradient_copy_bytes(self, ret) -> int:
+        """The most bytes autograd's ``AccumulateGrad`` holds beyond the gradients a joint trace
+        returns (``ret``: its return, which pairs each input with its gradient) when it stores
+        them: it copies those laid out unlike their input (``accumulate_grad_copy``), one at a
+        time, freeing a gradient's storage once every copy of a value on it is made. Inputs are
+        taken as leaves."""
+        known = self._workspaces.get((id(ret), "gradients"))
+        if known is None or known[0] is not ret:
+            known = self._workspaces[(id(ret), "gradients")] = (ret, self._gradient_copies(ret))
+        return known[1]
+
+    def _gradient_copies(self, ret) -> int:
+        returned = ret.args[0] if ret.args else None
+        if not (isinstance(returned, dict) and "output" in returned and "flat_args" in returned):
+            return 0
         by_storage: dict[str, list[tuple[int, int]]] = {}
-        for leaf, grad in zip(inputs, gradients):
+        for leaf, grad in zip(returned["flat_args"], returned["output"]):
             if not isinstance(leaf, TensorProxy) or not isinstance(grad, TensorProxy):
                 continue
-            sizes = _sizes(grad)
+            leaf_sizes, sizes = _sizes(leaf), _sizes(grad)
             copied, temporary = accumulate_grad_copy(
-                _sizes(leaf), _contiguous_strides(_sizes(leaf)), sizes,
-                self.strides.get(grad.name, _contiguous_strides(sizes)), grad.dtype.bytes, on_cpu)
+                leaf_sizes, self.strides.get(leaf.name, _contiguous_strides(leaf_sizes)), sizes,
+                self.strides.get(grad.name, _contiguous_strides(sizes)), grad.dtype.bytes,
+                to_torch_device(grad.device).type == "cpu")
             if copied:
                 by_storage.setdefault(self.owner_of(grad.name), []).append((copied, temporary))
         return max((sum(c for c, _ in copies) + max(t for _, t in copies) for copies in by_storage.values()),
@@ -432,6 +434,17 @@ def _view_base(bsym, args):
 
 def _sizes(p) -> tuple[int, ...]:
     return tuple(dim_size(d) for d in p.shape)
+
+
+def measured_workspace(bsym) -> bool:
+    """Whether ``bsym``'s workspace is a library kernel's, measured (``kernel_workspace``): a
+    convolution, or a matmul in bfloat16 or float16 on CPU."""
+    if prim_id(bsym) is PrimIDs.CONVOLUTION:
+        return True
+    if bsym.sym.name not in ("matmul", "linear"):
+        return False
+    a = next((p for p in bsym.flat_proxy_args if isinstance(p, TensorProxy)), None)
+    return a is not None and _packed_by_onednn(a)
 
 
 def _packed_by_onednn(a) -> bool:

@@ -22,7 +22,7 @@ from thunder_remat.solvers.region_cuts import made_then_written, region_cuts
 from thunder_remat.trace_facts import (TagReader, forward_storages, in_place_destination, is_backward, loss_outputs,
                                        trace_names)
 from thunder_remat.whole_graph.rewrite import COPY_PREFIX, CopySchedule
-from thunder_remat.storage import StorageMap
+from thunder_remat.storage import StorageMap, measured_workspace
 
 __all__ = ["PEAK_KINDS", "PeakBreakdown", "RegionModel", "compiled_kernels", "estimate_peak_bytes",
            "estimate_schedule_peak", "peak_breakdown", "predict_regions"]
@@ -134,6 +134,11 @@ class RegionModel:
     becomes and ``heavy[position]`` whether it uses one of ``kernels.heavy_on_cpu`` on CPU;
     ``convolution[position]``: the op there runs a convolution (filled where
     ``kernels.uncut_convolution_regions``: a region holding one is not cut).
+    ``library[position]``: the op there is fused, on CPU, and a library call whose workspace is
+    measured (``storage.measured_workspace``), which the executor's compiler calls as PyTorch does
+    (Inductor's extern kernels; its 2-d convolutions on channels-last operands where
+    ``kernels.channels_last_convolutions_on_cpu``): the walk holds that workspace at the op's step
+    (filled where ``kernels`` is known; in other regions a workspace is not counted).
     """
 
     fusible: tuple[bool, ...]
@@ -143,6 +148,7 @@ class RegionModel:
     kinds: tuple[str, ...] = ()
     heavy: tuple[bool, ...] = ()
     convolution: tuple[bool, ...] = ()
+    library: tuple[bool, ...] = ()
 
     @property
     def forward_regions(self) -> bool:
@@ -168,7 +174,7 @@ def predict_regions(trace, fusible, split: bool = True, kernels: KernelModel | N
     ``kernel_model()``."""
     bsyms = trace.bound_symbols
     fused = tuple(bool(fusible(bsym)) for bsym in bsyms)
-    kinds, heavy, convolution = (), (), ()
+    kinds, heavy, convolution, library = (), (), (), ()
     if kernels is not None and kernels.uncut_convolution_regions:
         convolution = tuple(f and runs_convolution(bsym) for bsym, f in zip(bsyms, fused))
     if kernels is not None:
@@ -176,7 +182,9 @@ def predict_regions(trace, fusible, split: bool = True, kernels: KernelModel | N
         kinds = tuple(kernel_kind(bsym, tags) if f else None for bsym, f in zip(bsyms, fused))
         heavy = tuple(bool(f and kernels.heavy_on_cpu and _on_cpu(bsym) and uses_op(bsym, kernels.heavy_on_cpu))
                       for bsym, f in zip(bsyms, fused))
-    return RegionModel(fused, tuple(is_backward(bsym) for bsym in bsyms), split, kernels, kinds, heavy, convolution)
+        library = tuple(bool(f and _on_cpu(bsym) and measured_workspace(bsym)) for bsym, f in zip(bsyms, fused))
+    return RegionModel(fused, tuple(is_backward(bsym) for bsym in bsyms), split, kernels, kinds, heavy, convolution,
+                       library)
 
 
 def estimate_schedule_peak(schedule: CopySchedule, storages: StorageMap | None = None,
@@ -222,7 +230,7 @@ def estimate_schedule_peak(schedule: CopySchedule, storages: StorageMap | None =
     to_loss = loss_outputs(trace)
     returned = tuple(n for n in tensor_reads[last] if n not in to_loss)
     bsyms = trace.bound_symbols
-    gradient_copies = _gradient_copies(bsyms[last], storages)
+    gradient_copies = storages.gradient_copy_bytes(bsyms[last])
     step_reads: list[list] = []  # per step: the storages it reads (not held ones)
     step_makes: list[list] = []  # per step: the storages it allocates
     step_outs: list[list] = []  # per step: the storages its outputs are on (views included)
@@ -267,7 +275,7 @@ def estimate_schedule_peak(schedule: CopySchedule, storages: StorageMap | None =
                 last_read.setdefault(storage, step)
                 made_now.append(storage)
         workspace = (storages.workspace_bytes(bsyms[position]) if not fused
-                     else storages.workspace_bytes(bsyms[position], channels_last) if library_call[position]
+                     else storages.workspace_bytes(bsyms[position], channels_last) if library[position]
                      else 0)
         if workspace:  # copies the op makes and frees inside itself, alive with its outputs
             storage = f"{WORKSPACE_PREFIX}{(tensor_outs[position] or ('?',))[0]} (step {step})"
@@ -286,13 +294,8 @@ def estimate_schedule_peak(schedule: CopySchedule, storages: StorageMap | None =
 
     fusible = regions.fusible if regions is not None else (False,) * len(bsyms)
     backward = regions.backward if regions is not None else (False,) * len(bsyms)
-    # a fused op's library workspace (``StorageMap.library_call``) is counted in the regions of a
-    # compiler that calls the library as PyTorch does (Inductor's extern kernels on CPU, its 2-d
-    # convolutions on channels-last operands where its kernel model says so); 0 in other regions
-    kernels = regions.kernels if regions is not None else None
-    channels_last = kernels is not None and kernels.channels_last_convolutions_on_cpu
-    library_call = [bool(kernels is not None and f and _on_cpu(bsyms[i]) and storages.library_call(bsyms[i]))
-                    for i, f in enumerate(fusible)]
+    library = regions.library if regions is not None and regions.library else (False,) * len(bsyms)
+    channels_last = regions is not None and regions.kernels is not None and regions.kernels.channels_last_convolutions_on_cpu
     forward_fused = regions is not None and regions.forward_regions
     prologue_end = None  # the step of the prologue's last copy
     for position in range(len(bsyms)):
@@ -434,19 +437,6 @@ def compiled_kernels(model: KernelModel, kinds: list, heavy: list[bool], region_
                 # backward there is a table-sized one)
         at += 1
     return reads
-
-
-def _gradient_copies(ret, storages: StorageMap) -> int:
-    """What autograd copies of the gradients a joint trace returns (``ret``: its return) when it
-    stores them in the inputs' ``.grad`` (``StorageMap.gradient_copy_bytes``)."""
-    returned = ret.args[0] if ret.args else None
-    if not (isinstance(returned, dict) and "output" in returned and "flat_args" in returned):
-        return 0
-    inputs, gradients = list(returned["flat_args"]), list(returned["output"])
-    if len(inputs) != len(gradients):
-        return 0
-    on_cpu = any(getattr(getattr(g, "device", None), "type", None) == "cpu" for g in gradients)
-    return storages.gradient_copy_bytes(inputs, gradients, on_cpu)
 
 
 def _on_cpu(op) -> bool:
