@@ -113,9 +113,9 @@ def parse_args(argv=None):
     args = p.parse_args(argv)
 
     args.model = ALIASES.get(args.model, args.model)
-    if args.model not in BUILT_IN and args.model not in zoo.zoo_names():
+    if args.model not in BUILT_IN and args.model not in zoo.zoo_names(outside=True):
         p.error(f"unknown --model {args.model!r}; choose from {list(BUILT_IN)}, {list(ALIASES)} "
-                f"or the zoo: {zoo.zoo_names()}")
+                f"or the zoo: {zoo.zoo_names(outside=True)}")
     if args.model not in BUILT_IN and not zoo.available(zoo.zoo_model(args.model)):
         p.error(f"--model {args.model!r} needs {zoo.zoo_model(args.model).requires}, which is not installed")
     if args.auto_peaks < 0:
