@@ -24,7 +24,7 @@ from thunder_remat.whole_graph.problem import SaveProblem
 from thunder_remat.whole_graph.rewrite import CopySchedule, schedule_copies
 
 __all__ = ["AUTO_ANCHORS", "AUTO_MIN_GAIN", "AUTO_TIE", "Candidate", "CheckpointChoice", "anchor_fractions",
-           "backward_checkpoints", "choose_anchor", "copy_schedule", "checkpointed_schedule",
+           "backward_checkpoints", "choose_anchor", "copy_schedule", "checkpointed_schedule", "held_schedules",
            "storage_makers_and_views"]
 
 #: "auto" tries the plans at these budget fractions as checkpoint anchors ...
@@ -194,6 +194,29 @@ def checkpointed_schedule(trace, problem: SaveProblem, choice: BudgetChoice, *, 
     anchors = tuple((fraction, anchor) for fraction, _, anchor in best.levels)
     without = CheckpointChoice(plain, (), plain_peak, plain_peak, candidates.estimates)
     return CheckpointChoice(best.schedule, levels, best.peak, plain_peak, candidates.estimates, anchors, (without,))
+
+
+def held_schedules(trace, problem: SaveProblem, choice: BudgetChoice, held, *, window, timings: Timings,
+                   regions=None, plain_peak: int | None = None, names=None,
+                   storages=None) -> tuple[CheckpointChoice, ...]:
+    """``choice``'s plan holding the rewrite ``held`` names ((fraction, plan) anchors, nearest
+    first, as ``inherit`` in ``checkpointed_schedule``), made when the backward starts and, with
+    backward fusion regions, at first use too (``_held_above``'s two ways), each with its
+    estimated step peak; empty where holding adds no checkpoint. ``plain_peak``: the estimate of
+    the plan's rewrite without checkpoints, for the records."""
+    candidates = _Candidates(trace, problem, choice, window, timings, None, regions, names, storages)
+    chain = tuple(fraction for fraction, _ in held)
+    fused = regions is not None and regions.fuses_any
+    made = []
+    for early in (True, False) if fused else (True,):
+        candidate = candidates.attempt(chain, held, early=early)
+        if candidate is None:
+            continue
+        levels = tuple((fraction, ops) for fraction, ops, _ in candidate.levels)
+        anchors = tuple((fraction, anchor) for fraction, _, anchor in candidate.levels)
+        made.append(CheckpointChoice(candidate.schedule, levels, candidate.peak, plain_peak, dict(candidates.estimates),
+                                     anchors))
+    return tuple(made)
 
 
 @dataclass

@@ -33,12 +33,13 @@ from dataclasses import dataclass
 from thunder_remat.budget import Budget
 from thunder_remat.records import Timings
 from thunder_remat.trace_facts import forward_storages
-from thunder_remat.whole_graph.checkpoints import AUTO_MIN_GAIN, CheckpointChoice, checkpointed_schedule
+from thunder_remat.whole_graph.checkpoints import (AUTO_MIN_GAIN, CheckpointChoice, checkpointed_schedule,
+                                                   held_schedules)
 from thunder_remat.whole_graph.peak import estimate_schedule_peak
 from thunder_remat.whole_graph.planner import BudgetChoice, Frontier, PlanSearch, build_frontier
 from thunder_remat.whole_graph.problem import SaveProblem, nested_within
 
-__all__ = ["WalkStep", "walk_order", "walk_frontier", "plans_ahead"]
+__all__ = ["WalkStep", "walk_order", "walk_frontier", "plans_ahead", "held_rewrites"]
 
 log = logging.getLogger(__name__)
 
@@ -143,6 +144,15 @@ def _nested_step(trace, problem: SaveProblem, choice: BudgetChoice, lowest: Walk
     if reused is not None and reused.peak <= peak:
         return reused
     return WalkStep(within, checkpoints, peak)
+
+
+def held_rewrites(trace, problem: SaveProblem, step: WalkStep, above: WalkStep, *, window, timings: Timings,
+                  regions=None) -> tuple[CheckpointChoice, ...]:
+    """``step``'s plan holding ``above``'s rewrite (``checkpoints.held_schedules``), for a caller
+    that compares rewrites once each backward runs in its own order, which the walk's estimates
+    (in the trace's order) do not see."""
+    return held_schedules(trace, problem, step.choice, _anchors_of(above), window=window, timings=timings,
+                          regions=regions, plain_peak=step.checkpoints.peak_estimate_without_checkpoints)
 
 
 def _anchors_of(step: WalkStep) -> tuple:
