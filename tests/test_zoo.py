@@ -285,6 +285,21 @@ def test_availability_is_known_after_a_litgpt_model_was_built():
     assert available(zoo_model(PYTHIA))
 
 
+def _fresh_with_eager_gradients(entry, shape):
+    """A zoo model at ``shape`` and its inputs, seeded, with the gradients of one eager step of
+    another copy built the same way (the model returned has none)."""
+    import torch
+
+    def built():
+        torch.manual_seed(0)
+        return entry.build(shape), entry.inputs(shape, torch.Generator().manual_seed(1))
+
+    model, inputs = built()
+    entry.output(model(**inputs)).float().pow(2).mean().backward()
+    reference = [p.grad for p in model.parameters()]
+    return (*built(), reference)
+
+
 @pytest.mark.inductor
 @_needs(PYTHIA)
 def test_a_concatenation_in_a_kept_order_region_peaks_no_higher_than_estimated():
@@ -302,15 +317,7 @@ def test_a_concatenation_in_a_kept_order_region_peaks_no_higher_than_estimated()
 
     entry = zoo_model(PYTHIA)
     shape = ZooShape(batch=2, tokens=32, width=64, layers=1)
-
-    def built():
-        torch.manual_seed(0)
-        return entry.build(shape), entry.inputs(shape, torch.Generator().manual_seed(1))
-
-    model, inputs = built()
-    entry.output(model(**inputs)).float().pow(2).mean().backward()
-    reference = [p.grad for p in model.parameters()]
-    model, inputs = built()
+    model, inputs, reference = _fresh_with_eager_gradients(entry, shape)
     jm = thunder.jit(model, executors=[torch_compile_ex], remat=True, remat_memory_budget=0.0)
 
     def step():
@@ -378,15 +385,7 @@ def test_no_budget_below_the_fastest_plan_is_estimated_above_it_once_the_backwar
 
     entry = zoo_model(GPTJ)
     shape = ZooShape(batch=2, tokens=16, width=64)
-
-    def built():
-        torch.manual_seed(0)
-        return entry.build(shape), entry.inputs(shape, torch.Generator().manual_seed(1))
-
-    model, inputs = built()
-    entry.output(model(**inputs)).float().pow(2).mean().backward()
-    reference = [p.grad for p in model.parameters()]
-    model, inputs = built()
+    model, inputs, reference = _fresh_with_eager_gradients(entry, shape)
     trace, _, jm = joint_trace(lambda kw: entry.output(model(**kw)), (inputs,), with_jitted=True,
                                remat_memory_budget=0.5)
     fastest = plan_saved_values(trace, RematConfig(memory_budget=1.0))
