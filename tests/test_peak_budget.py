@@ -268,18 +268,22 @@ def test_the_estimate_holds_a_matmuls_operand_copies_while_it_runs():
 @pytest.mark.parametrize("executors", [(), pytest.param(("torchcompile",), marks=pytest.mark.inductor)],
                          ids=["default", "torch.compile"])
 def test_the_estimate_holds_the_buffers_a_bfloat16_matmul_packs_its_operands_into_on_cpu(executors):
-    """oneDNN runs a bfloat16 matmul on CPU by packing its operands into buffers of its own,
-    inside the op (Inductor calls the same op as an extern kernel); measured once per call
-    (``kernel_workspace``), the estimate equals the allocator's peak (unfused, without them it was
-    39% below: 40,960 B against 67,336 B)."""
+    """Where oneDNN runs a bfloat16 matmul on CPU by packing its operands into buffers of its own
+    (inside the op; Inductor calls the same op as an extern kernel), the estimate holds them as
+    "op workspace" (without them it was 39% below the allocator, unfused: 40,960 B against
+    67,336 B); where this CPU packs nothing (no bfloat16 instructions: the reference path), the
+    estimate has none. Either way it equals the allocator's peak."""
     def mlp(x, w1, w2):
         return (torch.nn.functional.linear(x, w1).relu() @ w2).float().pow(2).sum()
 
     torch.manual_seed(0)
     x = torch.randn(32, 64, dtype=torch.bfloat16)
     w1, w2 = (torch.randn(128, 64, dtype=torch.bfloat16, requires_grad=True) for _ in range(2))
+    # what this machine's first matmul holds beyond its output, read with the allocator directly
+    bare = allocator_step_peak(lambda: torch.nn.functional.linear(x, w1.detach())).peak_bytes
+    packs = bare > 32 * 128 * 2
     plan, measured = _program_step(mlp, (x,), (w1, w2), executors=list(executors) or None, remat_memory_budget=0.0)
-    assert plan.peak_at.by_kind["op workspace"] > 0
+    assert (plan.peak_at.by_kind.get("op workspace", 0) > 0) == packs
     assert plan.peak_estimate <= measured <= plan.peak_estimate + 8  # the returned loss's 4 bytes
 
 
