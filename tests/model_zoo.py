@@ -417,6 +417,11 @@ OUTSIDE: tuple[ZooModel, ...] = (
                  vocab_size=VOCAB, d_model=shape.width, n_layers=shape.layers, n_heads=4, expansion_ratio=2,
                  max_seq_len=64), attention=None),
              lambda shape, g: {"input_ids": _tokens(shape, g), "use_cache": False}, _logits),
+    # one layer's weights shared by every layer, a factorized embedding
+    ZooModel("transformers ALBERT", "transformers", "transformers",
+             _hf("AlbertModel", "AlbertConfig", lambda shape: dict(
+                 vocab_size=VOCAB, embedding_size=shape.width // 2, max_position_embeddings=64, **_encoder(shape))),
+             lambda shape, g: {"input_ids": _tokens(shape, g)}, _last_hidden),
 )
 
 
