@@ -25,11 +25,25 @@ torch.set_num_threads(2)
 TIERS = ("unit", "jit")
 
 
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items):
     for item in items:
         tiers = [t for t in TIERS if item.get_closest_marker(t) is not None]
         if len(tiers) != 1:
             raise pytest.UsageError(f"{item.nodeid}: mark it with exactly one of {TIERS}, has {tiers}")
+        if config.pluginmanager.hasplugin("xdist"):
+            item.add_marker(pytest.mark.xdist_group(_worker_group(item)))
+
+
+def _worker_group(item) -> str:
+    """Which tests run in one pytest-xdist worker (``-n 2 --dist loadgroup``, the README's command):
+    a module's tests together, as they share module fixtures (compiled models), except the zoo's
+    per-model checks, which share one sweep per model and executor and so split by it."""
+    module = item.nodeid.split("::")[0]
+    params = getattr(getattr(item, "callspec", None), "params", {})
+    if "name" in params:
+        return f"{module}:{params['name']}:{params.get('executor', '')}"
+    return module
 
 
 @pytest.fixture(autouse=True)
