@@ -37,12 +37,13 @@ def pytest_collection_modifyitems(config, items):
 
 def _worker_group(item) -> str:
     """Which tests run in one pytest-xdist worker (``-n 2 --dist loadgroup``, the README's command):
-    a module's tests together, as they share module fixtures (compiled models), except the zoo's
-    per-model checks, which share one sweep per model and executor and so split by it."""
+    a module's tests together, as they share module fixtures (compiled models); a module whose
+    fixtures are keyed by parameters names them in ``WORKER_GROUP_BY``, and splits by them."""
     module = item.nodeid.split("::")[0]
+    keys = getattr(item.module, "WORKER_GROUP_BY", ())
     params = getattr(getattr(item, "callspec", None), "params", {})
-    if "name" in params:
-        return f"{module}:{params['name']}:{params.get('executor', '')}"
+    if keys and all(k in params for k in keys):
+        return ":".join([module, *(str(params[k]) for k in keys)])
     return module
 
 

@@ -19,6 +19,9 @@ from model_zoo import ZOO, available, eager_gradients, run_zoo_model, same_gradi
 pytestmark = pytest.mark.jit
 
 PYTHIA, BERT, LLAMA = "litgpt pythia-14m", "transformers BERT", "transformers Llama"
+#: the module fixtures (references, family sweeps) are keyed by these: each case's checks run in one
+#: xdist worker, different cases in either (tests/conftest.py)
+WORKER_GROUP_BY = ("name", "executor")
 
 
 @pytest.fixture(autouse=True)
