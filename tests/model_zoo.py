@@ -422,6 +422,17 @@ OUTSIDE: tuple[ZooModel, ...] = (
              _hf("AlbertModel", "AlbertConfig", lambda shape: dict(
                  vocab_size=VOCAB, embedding_size=shape.width // 2, max_position_embeddings=64, **_encoder(shape))),
              lambda shape, g: {"input_ids": _tokens(shape, g)}, _last_hidden),
+    # a pre-norm vision transformer: class token, quick GELU, a layer norm before the encoder
+    ZooModel("transformers CLIPVision", "transformers", "transformers",
+             _hf("CLIPVisionModel", "CLIPVisionConfig", lambda shape: dict(
+                 hidden_size=shape.width, intermediate_size=shape.hidden, num_hidden_layers=shape.layers,
+                 num_attention_heads=4, image_size=16, patch_size=4)),
+             _images(16), _last_hidden),
+    # BERT's encoder behind an embedding narrower than the layers (a projection between them)
+    ZooModel("transformers Electra", "transformers", "transformers",
+             _hf("ElectraModel", "ElectraConfig", lambda shape: dict(
+                 vocab_size=VOCAB, embedding_size=shape.width // 2, max_position_embeddings=64, **_encoder(shape))),
+             lambda shape, g: {"input_ids": _tokens(shape, g)}, _last_hidden),
 )
 
 

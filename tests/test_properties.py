@@ -37,3 +37,18 @@ def test_random_programs_torch_compile(program):
     from thunder.executors.torch_compile import torch_compile_ex
 
     check(program, torch_compile_ex)
+
+
+def test_a_program_whose_backward_starts_before_get_grad_saves_the_plans_bytes_with_torch_compile():
+    """Found by benchmarks/fuzz_programs.py (budget 0.0, torch.compile): the rewrite made copies
+    when the backward starts, before Thunder's first ``get_grad``; Thunder fused them into the
+    forward's last region and its split saved them (32 B where the plan saves none). ``check``
+    asserts that the storages really saved equal the plan's bytes, and gradients equal Thunder's."""
+    from thunder.executors.torch_compile import torch_compile_ex
+
+    from random_programs import Program
+
+    program = Program(batch=2, width=4, dtype="bfloat16", outputs=2, steps=(
+        ("inplace_matmul", 46, 59), ("mul", 21, 31), ("add", 23, 39), ("add", 23, 39), ("mul", 17, 30),
+        ("mul", 17, 30), ("neg", 59, 1), ("add", 23, 39)))
+    check(program, torch_compile_ex, budget=0.0)

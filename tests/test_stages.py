@@ -273,6 +273,52 @@ def test_the_backward_prologue_ends_a_region_for_the_estimate_and_the_split_alik
     assert len(pieces) == 1 and pieces[0].subsymbols[-1].flat_proxy_outs[0].name in names
 
 
+def test_a_region_fused_across_the_forwards_end_is_cut_there():
+    """Thunder 0.2.6 fuses consecutive ops whatever their backward tag, so a backward op placed
+    before the first ``get_grad`` (where the rewrite puts copies made when the backward starts)
+    joins the forward's last region, and Thunder's split then runs it in the forward and saves its
+    output. ``separate_forward_and_backward`` cuts the region where the forward ends: the forward
+    hands the backward only what the backward's ops read from it."""
+    import thunder.torch as ltorch
+    from thunder.core import prims
+    from thunder.core.symbol import BoundSymbolTag
+    from thunder.core.trace import TraceCtx, tracectx
+
+    from builders import tensor
+    from thunder_remat.executors.base import fusion_counter
+    from thunder_remat.pairs.split import separate_forward_and_backward
+    from thunder_remat.trace_facts import is_backward, thunder_split
+
+    trace = TraceCtx()
+    with tracectx(trace):
+        x = tensor("x", 8, 8)
+        trace.args = (x,)
+        prims.unpack_trivial(x, name="x")
+        a = ltorch.exp(x)
+        out = ltorch.sin(a)
+        first_backward = len(trace.bound_symbols)
+        b = ltorch.cos(a)  # a backward op that needs no cotangent, before get_grad
+        g = prims.get_grad(out)
+        gx = ltorch.mul(ltorch.mul(g, b), a)
+        for bsym in trace.bound_symbols[first_backward:]:
+            bsym.tags.add(BoundSymbolTag.BACKWARD)
+        prims.python_return({"output": (gx,), "flat_args": [x], "fw_flat_out": (out,)})
+
+    def saved(t):  # what Thunder's split saves (the split's model, tests/test_storage.py)
+        return set(thunder_split(t).saved)
+
+    regions = fused(trace)
+    mixed = [r for r in regions.bound_symbols if r.sym.is_fusion and len({is_backward(s) for s in r.subsymbols}) == 2]
+    assert len(mixed) == 1 and saved(regions) == {a.name, b.name}  # cos ran in the forward
+    bsyms, cut = separate_forward_and_backward(regions, adapter_for, fusion_counter)
+    assert cut == [mixed[0].sym.name]
+    separated = _finalize(regions, bsyms)
+    assert all(len({is_backward(s) for s in r.subsymbols}) == 1 for r in separated.bound_symbols if r.sym.is_fusion)
+    assert saved(separated) == {a.name}
+    assert verify(regions, separated) == []
+    assert separate_forward_and_backward(separated, adapter_for, fusion_counter)[1] == []
+
+
 def test_one_helper_verifies_and_undoes_a_rewrite():
     """``kept_if_verified`` keeps a sound rewrite and undoes a broken one: the result keeps the
     trace it was given, records why, and one warning names the rewrite (both passes use it)."""

@@ -18,7 +18,7 @@ from thunder_remat.storage import StorageMap, storage_map
 from thunder_remat.policies import contraction_kind
 from thunder_remat.trace_facts import TagReader, in_place_destination
 
-__all__ = ["RegionNames", "region_names", "same_computations", "to_keep_apart", "region_cut_positions",
+__all__ = ["RegionNames", "region_names", "same_computations", "to_keep_apart", "region_cut_positions", "written_after_made",
            "KernelModel", "KernelKind", "kernel_kind", "runs_convolution"]
 
 

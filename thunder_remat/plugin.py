@@ -31,7 +31,7 @@ from thunder_remat.executors.hooks.compile_stash import stash, stash_for, stashe
 from thunder_remat.executors.hooks.pipeline import record_provenance
 from thunder_remat.executors.base import fusion_counter
 from thunder_remat.pairs.run import PairPassResult, rematerialize_fusion_pairs
-from thunder_remat.pairs.split import split_backward_regions
+from thunder_remat.pairs.split import separate_forward_and_backward, split_backward_regions
 from thunder_remat.records import PassStatus, RematSession
 from thunder_remat.verify import kept_if_verified
 from thunder_remat.whole_graph.run import SavePassResult, plan_saved_values
@@ -86,7 +86,12 @@ class RematFusionExecutor(FusionExecutor):
         return trace
 
     def _pairs_and_cuts(self, trace, session: RematSession, keep_order: bool):
-        if not (self.config.fusion_pairs or self.config.split_regions):
+        original, separated = trace, []
+        if session.saved_set_planned:  # the forward must hand over the plan's values, no more
+            bsyms, separated = separate_forward_and_backward(trace, adapter_for, fusion_counter)
+            if separated:
+                trace = _finalize(trace, bsyms)
+        if not (self.config.fusion_pairs or self.config.split_regions or separated):
             return trace
         with _collector_paused():
             if self.config.fusion_pairs:
@@ -94,13 +99,14 @@ class RematFusionExecutor(FusionExecutor):
                                                     session=session)
             else:
                 result = PairPassResult(trace)
+            result.separated_regions = separated
             if self.config.split_regions:
                 bsyms, result.split_regions = split_backward_regions(result.trace, adapter_for, fusion_counter,
                                                                      keep_order, session.prologue)
                 if result.split_regions:
                     result.trace = _finalize(result.trace, bsyms)
-            if self.config.verify and result.trace is not trace:
-                kept_if_verified(result, trace, result.trace, "fusion-pair rewrite")
+            if self.config.verify and result.trace is not original:
+                kept_if_verified(result, original, result.trace, "fusion-pair rewrite")
         record_provenance(result.provenance())
         stash("pair_result", result)
         return result.trace

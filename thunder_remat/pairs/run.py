@@ -84,6 +84,8 @@ class PairPassResult(PassResult):
     pairs: list[PairRecord] = field(default_factory=list)
     #: (region name, pieces) of every backward region cut so saved values die early (pairs.split)
     split_regions: list[tuple[str, int]] = field(default_factory=list)
+    #: regions Thunder fused across the forward/backward boundary, cut there (pairs.split)
+    separated_regions: list[str] = field(default_factory=list)
 
     @property
     def bytes_before(self) -> int:
@@ -102,6 +104,8 @@ class PairPassResult(PassResult):
             f"{len(self.pairs)} pairs visited, {rewritten} rewritten; "
             f"bytes crossing {self.bytes_before} -> {self.bytes_after})"
         )
+        if self.separated_regions:
+            text += "; cut where the forward ends: " + ", ".join(self.separated_regions)
         if self.split_regions:
             text += "; backward regions cut: " + ", ".join(f"{name} into {n}" for name, n in self.split_regions)
         if self.failure:

@@ -20,11 +20,51 @@ from collections.abc import Callable
 
 from thunder.core.pytree import tree_flatten
 
-from thunder_remat.fusion_regions import region_cut_positions, region_names, runs_convolution
+from thunder_remat.fusion_regions import region_cut_positions, region_names, runs_convolution, written_after_made
 from thunder_remat.storage import storage_map
-from thunder_remat.trace_facts import is_backward_region, loss_outputs
+from thunder_remat.trace_facts import is_backward, is_backward_region, loss_outputs
 
-__all__ = ["split_backward_regions"]
+__all__ = ["split_backward_regions", "separate_forward_and_backward"]
+
+
+def separate_forward_and_backward(trace, adapter_for: Callable, fusion_counter: Callable) -> tuple[list, list[str]]:
+    """The bound symbols of ``trace`` with every fusion region that runs forward and backward ops
+    cut where one gives way to the other, and the names of the regions cut.
+
+    Thunder 0.2.6 fuses runs of consecutive fusible ops (its default ``fusion_type``,
+    "consecutive") without looking at the backward tag, so a copy the rewrite places at the start
+    of the backward, before Thunder's first ``get_grad``, joins the forward's last region; the
+    forward/backward split then runs it in the forward and saves what it makes, which the plan
+    recomputes in the backward. Cut apart, each piece runs where the plan (and the step-peak
+    estimate, whose regions never span the two) puts it."""
+    counters = _counters(trace.bound_symbols, fusion_counter)
+    out, done = [], []
+    for bsym in trace.bound_symbols:
+        subs = list(bsym.subsymbols) if bsym.sym.is_fusion else []
+        switches = [k for k in range(1, len(subs)) if is_backward(subs[k]) != is_backward(subs[k - 1])]
+        if switches:
+            # never between the op making a storage and an in-place write into it (wrong gradients)
+            fixed = written_after_made(subs, storage_map(subs, list(bsym.flat_proxy_args)))
+            switches = [k for k in switches if k - 1 not in fixed]
+        if not switches:
+            out.append(bsym)
+            continue
+        adapter = adapter_for(bsym.sym.executor)
+        for inputs, outputs, body in _pieces_at(subs, [0, *switches, len(subs)], [p.name for p in bsym.flat_proxy_outs]):
+            counters[bsym.sym.executor] += 1
+            out.append(adapter.fuse_piece(inputs, outputs, body, counters[bsym.sym.executor]))
+        done.append(bsym.sym.name)
+    return out, done
+
+
+def _counters(bsyms, fusion_counter: Callable) -> dict:
+    """Per executor, the highest number in the names of its regions (a new piece takes the next)."""
+    counters: dict[object, int] = {}
+    for bsym in bsyms:
+        if bsym.sym.is_fusion:
+            ex = bsym.sym.executor
+            counters[ex] = max(counters.get(ex, -1), fusion_counter(bsym.sym.name))
+    return counters
 
 
 def split_backward_regions(trace, adapter_for: Callable, fusion_counter: Callable,
@@ -50,11 +90,7 @@ def split_backward_regions(trace, adapter_for: Callable, fusion_counter: Callabl
         for p in bsym.flat_proxy_args:
             if position < len(bsyms) - 1 or p.name not in to_loss:
                 last_reader[storages.owner_of(p.name)] = position
-    counters: dict[object, int] = {}
-    for bsym in bsyms:
-        if bsym.sym.is_fusion:
-            ex = bsym.sym.executor
-            counters[ex] = max(counters.get(ex, -1), fusion_counter(bsym.sym.name))
+    counters = _counters(bsyms, fusion_counter)
     out, done = [], []
     for position, bsym in enumerate(bsyms):
         adapter = adapter_for(bsym.sym.executor) if bsym.sym.is_fusion else None
@@ -89,18 +125,26 @@ def _pieces(region, held: set[str], keep_apart: bool, storages, prologue=frozens
                                 boundaries)
     if not cuts:
         return None
-    bounds = [0, *(k + 1 for k in cuts), len(subs)]
+    return _pieces_at(subs, [0, *(k + 1 for k in cuts), len(subs)], returned, names)
+
+
+def _pieces_at(subs, bounds: list[int], returned: list[str], names=None):
+    """(inputs, outputs, bound symbols) of the pieces ``subs[bounds[i]:bounds[i + 1]]`` of a region
+    returning ``returned``: each piece reads what earlier pieces or the region's inputs make and
+    returns what later pieces or the region's readers need."""
+    names = names if names is not None else region_names(subs)
+    proxies, reads, makes = names.proxies, names.reads, names.makes
     needed_after: list[set[str]] = []  # per piece: what later pieces or the region's readers need
     later = set(returned)
     for start, end in reversed(list(zip(bounds, bounds[1:]))):
         needed_after.append(set(later))
-        for names in reads[start:end]:
-            later.update(names)
+        for row in reads[start:end]:
+            later.update(row)
     needed_after.reverse()
     pieces = []
     for (start, end), after in zip(zip(bounds, bounds[1:]), needed_after):
-        made = {n for names in makes[start:end] for n in names}
-        ins = list(dict.fromkeys(n for names in reads[start:end] for n in names if n not in made))
-        outs = [n for names in makes[start:end] for n in names if n in after]
+        made = {n for row in makes[start:end] for n in row}
+        ins = list(dict.fromkeys(n for row in reads[start:end] for n in row if n not in made))
+        outs = [n for row in makes[start:end] for n in row if n in after]
         pieces.append(([proxies[n] for n in ins], [proxies[n] for n in dict.fromkeys(outs)], subs[start:end]))
     return pieces
