@@ -68,6 +68,10 @@ class FusionAdapter:
     #: a far reader is held from the first computation unless a cut separates the two
     #: (``fusion_regions.to_keep_apart``; measured for Inductor, docs/whole-graph.md)
     merges_same_computations: bool = False
+    #: a region of this executor that Thunder fused across the forward's end is cut there
+    #: (``pairs.split.separate_forward_and_backward``; measured with torch.compile; with nvFuser the
+    #: pieces would add backward regions and bytes crossing between them, not measured: left whole)
+    separates_forward_end: bool = False
 
     def __init__(self, executor) -> None:
         self.executor = executor

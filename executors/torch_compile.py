@@ -49,6 +49,7 @@ KEEP_ORDER_OPTIONS = {
 
 class TorchCompileAdapter(FusionAdapter):
     merges_same_computations = True
+    separates_forward_end = True
 
     def kernel_model(self) -> KernelModel | None:
         """Inductor's rules for computing a pointwise value inside its readers (its ``realize_*``

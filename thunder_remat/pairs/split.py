@@ -36,11 +36,13 @@ def separate_forward_and_backward(trace, adapter_for: Callable, fusion_counter: 
     of the backward, before Thunder's first ``get_grad``, joins the forward's last region; the
     forward/backward split then runs it in the forward and saves what it makes, which the plan
     recomputes in the backward. Cut apart, each piece runs where the plan (and the step-peak
-    estimate, whose regions never span the two) puts it."""
+    estimate, whose regions never span the two) puts it. Only regions of executors whose adapter
+    says so (``FusionAdapter.separates_forward_end``)."""
     counters = _counters(trace.bound_symbols, fusion_counter)
     out, done = [], []
     for bsym in trace.bound_symbols:
-        subs = list(bsym.subsymbols) if bsym.sym.is_fusion else []
+        separates = bsym.sym.is_fusion and adapter_for(bsym.sym.executor).separates_forward_end
+        subs = list(bsym.subsymbols) if separates else []
         switches = [k for k in range(1, len(subs)) if is_backward(subs[k]) != is_backward(subs[k - 1])]
         if switches:
             # never between the op making a storage and an in-place write into it (wrong gradients)
