@@ -105,8 +105,9 @@ class RematFusionExecutor(FusionExecutor):
                                                                      keep_order, session.prologue)
                 if result.split_regions:
                     result.trace = _finalize(result.trace, bsyms)
-            if self.config.verify and result.trace is not original:
-                kept_if_verified(result, original, result.trace, "fusion-pair rewrite")
+            if self.config.verify and result.trace is not original and \
+                    not kept_if_verified(result, original, result.trace, "fusion-pair rewrite"):
+                result.separated_regions, result.split_regions = [], []  # undone with the rest
         record_provenance(result.provenance())
         stash("pair_result", result)
         return result.trace

@@ -41,8 +41,8 @@ def separate_forward_and_backward(trace, adapter_for: Callable, fusion_counter: 
     counters = _counters(trace.bound_symbols, fusion_counter)
     out, done = [], []
     for bsym in trace.bound_symbols:
-        separates = bsym.sym.is_fusion and adapter_for(bsym.sym.executor).separates_forward_end
-        subs = list(bsym.subsymbols) if separates else []
+        adapter = adapter_for(bsym.sym.executor) if bsym.sym.is_fusion else None
+        subs = list(bsym.subsymbols) if adapter is not None and adapter.separates_forward_end else []
         switches = [k for k in range(1, len(subs)) if is_backward(subs[k]) != is_backward(subs[k - 1])]
         if switches:
             # never between the op making a storage and an in-place write into it (wrong gradients)
@@ -51,7 +51,6 @@ def separate_forward_and_backward(trace, adapter_for: Callable, fusion_counter: 
         if not switches:
             out.append(bsym)
             continue
-        adapter = adapter_for(bsym.sym.executor)
         for inputs, outputs, body in _pieces_at(subs, [0, *switches, len(subs)], [p.name for p in bsym.flat_proxy_outs]):
             counters[bsym.sym.executor] += 1
             out.append(adapter.fuse_piece(inputs, outputs, body, counters[bsym.sym.executor]))
