@@ -628,6 +628,70 @@ def test_a_cut_backward_region_frees_saved_values_early():
     assert abs(modelled - cut_peak) <= 0.10 * cut_peak, (modelled, cut_peak)
 
 
+def _patch_embedding_program(x, conv, *blocks):
+    """A convolution making patches, then residual blocks of tanh(h @ w): as in ViT or CLIP, the
+    convolution's backward runs last."""
+    h = torch.tanh(torch.nn.functional.conv2d(x, conv, stride=4)).flatten(2).transpose(1, 2)
+    for w in blocks:
+        h = h + torch.tanh(h @ w)
+    return h.pow(2).sum()
+
+
+@pytest.mark.jit
+@pytest.mark.inductor
+def test_a_backward_region_is_cut_before_the_gradient_convolution_it_runs_last():
+    """With Inductor a backward region running a convolution is left whole, unless cutting it
+    before the op making the operands of its first gradient convolution is estimated lower
+    (``KernelModel.cut_before_gradient_convolutions``, ``run.convolution_cuts``): here the blocks'
+    backward before the patch convolution's weight gradient is cut where saved values die, and the
+    step peaks lower than with the region whole. The fastest plan recomputes the patch convolution when
+    the backward starts; that copy of a forward convolution keeps nothing whole. The gradient
+    convolution and the op making its gradient operand run in one piece; gradients equal the whole
+    region's."""
+    from thunder.executors.torch_compile import torch_compile_ex
+
+    from thunder_remat.fusion_regions import gradient_convolutions, runs_convolution
+    from thunder_remat.trace_facts import gradient_values
+
+    torch.manual_seed(0)
+    x = torch.randn(4, 1, 16, 16)
+    leaves = [torch.randn(64, 1, 4, 4), *(torch.randn(64, 64) / 8 for _ in range(6))]
+    leaves = [w.requires_grad_() for w in leaves]
+    runs = {}
+    for split in (False, True):
+        jm = thunder.jit(_patch_embedding_program, executors=[torch_compile_ex], remat=True,
+                         remat_memory_budget=1.0, remat_split_regions=split)
+        jm(x, *leaves).backward()
+        for leaf in leaves:
+            leaf.grad = None
+        peak = allocator_step_peak(lambda: jm(x, *leaves).backward()).peak_bytes
+        runs[split] = jm, peak, [leaf.grad.clone() for leaf in leaves]
+    (whole, whole_peak, whole_grads), (cut, cut_peak, cut_grads) = runs[False], runs[True]
+    for got, want in zip(cut_grads, whole_grads):
+        torch.testing.assert_close(got, want)
+    plan = thunder_remat.last_save_plan(cut)
+    assert plan.cut_before_gradient_convolutions and "before their first gradient convolution" in plan.provenance()
+    assert thunder_remat.last_pair_pass(cut).split_regions, "the backward region was not cut"
+    assert cut_peak < 0.9 * whole_peak, (cut_peak, whole_peak)
+
+    joint = plan.trace
+    recomputed = [b for b in joint.bound_symbols if runs_convolution(b) and b.flat_proxy_outs[0].name.startswith("rc_")]
+    gradients = gradient_values(joint.bound_symbols)
+    assert recomputed and not any(gradient_convolutions(recomputed, gradients))
+    assert any(gradient_convolutions(joint.bound_symbols, gradients))
+
+    def gradient_convolution(op):  # in the backward trace, where no get_grad is left to follow
+        return runs_convolution(op) and not op.flat_proxy_outs[0].name.startswith("rc_")
+
+    backward = thunder.last_backward_traces(cut)[-1]
+    regions = [b for b in backward.bound_symbols if b.sym.is_fusion]
+    (conv_region,) = [b for b in regions if any(map(gradient_convolution, b.subsymbols))]
+    assert conv_region is not regions[0], "cut nowhere before the gradient convolution"
+    made_inside = {p.name for sub in conv_region.subsymbols for p in sub.flat_proxy_outs}
+    (conv,) = filter(gradient_convolution, conv_region.subsymbols)
+    assert made_inside & {p.name for p in conv.flat_proxy_args}, "the convolution's gradient operand crossed a cut"
+
+
 @pytest.mark.jit
 def test_a_plan_below_the_fastest_may_hold_the_lowest_rewrite_above_it():
     """Below the fastest plan the pass walks the frontier down to the chosen plan, and a plan may
@@ -780,10 +844,32 @@ def test_a_region_with_a_convolution_keeps_inductors_order():
 
 
 @pytest.mark.unit
-def test_a_predicted_region_running_a_convolution_is_not_cut():
+@pytest.mark.parametrize("case", [
+    # nothing marked: nothing fixed
+    dict(reads=[("s",), ("a",), ("b",)], makes=[("a",), ("b",), ("c",)], marked=[False] * 3, fixed=set()),
+    # the marked op reads b, made by op 1: no cut after op 1 or later (the cut after op 0 stays free)
+    dict(reads=[("s",), ("a",), ("b", "w")], makes=[("a",), ("b",), ("c",)], marked=[False, False, True],
+         fixed={1, 2}),
+    # its operands come from before the region (an input, a parameter): fixed from the op itself
+    dict(reads=[("s",), ("a",), ("x", "w")], makes=[("a",), ("b",), ("c",)], marked=[False, False, True],
+         fixed={2}),
+    # the earliest maker of any operand counts; later marked ops change nothing
+    dict(reads=[("s",), ("a",), ("b",), ("a", "c"), ("d",)], makes=[("a",), ("b",), ("c",), ("d",), ("e",)],
+         marked=[False, False, False, True, True], fixed={0, 1, 2, 3, 4}),
+])
+def test_uncut_from_case_table(case):
+    from thunder_remat.solvers.region_cuts import uncut_from
+
+    assert uncut_from(case["reads"], case["makes"], case["marked"]) == case["fixed"]
+
+
+@pytest.mark.unit
+def test_a_predicted_region_running_a_convolution_is_not_cut_or_only_before_it():
     """Where the kernel model says so (Inductor: ``uncut_convolution_regions``), the estimate's
     predicted regions are not cut when a step runs a convolution, as ``pairs.split`` leaves the
-    built region whole; the same steps without one are cut where ``region_cuts`` says."""
+    built region whole; with ``cut_before_gradient_convolutions`` they are cut where
+    ``region_cuts`` says before the step making its operands, not from there on (a transformer
+    whose only convolution is its patch embedding, run last in the backward)."""
     from thunder_remat.whole_graph.peak import _step_regions
 
     # a saved value s (400 B) read only by the first step; a (10 B) crosses after it
@@ -793,9 +879,13 @@ def test_a_predicted_region_running_a_convolution_is_not_cut():
     last_read = {"s": 0, "a": 1, "b": 2, "c": 3}
     size = {"s": 400, "a": 10, "b": 10, "c": 500}
     backward = [True] * 3
-    assert _step_regions(fused, backward, reads, makes, outs, writes, last_read, size, True) == [0, 1, 1]
-    assert _step_regions(fused, backward, reads, makes, outs, writes, last_read, size, True,
-                         uncut=[False, True, False]) == [0, 0, 0]
+    args = (fused, backward, reads, makes, outs, writes, last_read, size, True)
+    assert _step_regions(*args) == [0, 1, 1]
+    assert _step_regions(*args, uncut=[False, False, True]) == [0, 0, 0]
+    # the convolution (step 2) reads b, made by step 1: the cut after step 0 stands
+    assert _step_regions(*args, uncut=[False, False, True], cut_before_uncut=True) == [0, 1, 1]
+    # the convolution (step 1) reads a, made by step 0: no cut at all
+    assert _step_regions(*args, uncut=[False, True, False], cut_before_uncut=True) == [0, 0, 0]
 
 
 @pytest.mark.unit

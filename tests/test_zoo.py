@@ -358,7 +358,7 @@ def test_the_rewrite_is_chosen_after_each_candidate_runs_its_backward_in_its_own
     plan = thunder_remat.last_save_plan(jm)
     assert plan.checkpoint_ops == () and plan.backward_order != "trace"
     assert plan.peak_estimate < min(plan.anchor_estimates.values()) < plan.peak_estimate_without_checkpoints
-    regions = expected_regions(plan.trace, [torch_compile_ex])
+    regions = expected_regions(plan.trace, [torch_compile_ex], plan=plan)
     assert estimate_peak_bytes(plan.trace, regions, plan.prologue) == plan.peak_estimate
 
 

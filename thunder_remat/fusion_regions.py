@@ -13,13 +13,14 @@ from thunder.core.proxies import Proxy, TensorProxy
 from thunder.core.pytree import tree_flatten
 
 from thunder_remat.cost import value_bytes
-from thunder_remat.solvers.region_cuts import made_then_written, region_cuts
+from thunder_remat.solvers.region_cuts import made_then_written, region_cuts, uncut_from
 from thunder_remat.storage import StorageMap, storage_map
 from thunder_remat.policies import contraction_kind
-from thunder_remat.trace_facts import TagReader, in_place_destination
+from thunder_remat.trace_facts import TagReader, gradient_values, in_place_destination
 
 __all__ = ["RegionNames", "region_names", "same_computations", "to_keep_apart", "region_cut_positions", "written_after_made",
-           "KernelModel", "KernelKind", "kernel_kind", "runs_convolution"]
+           "KernelModel", "KernelKind", "kernel_kind", "runs_convolution", "gradient_convolutions",
+           "uncut_convolutions"]
 
 
 @dataclass(frozen=True)
@@ -71,7 +72,7 @@ def same_computations(bsyms: Sequence) -> list[tuple[int, int]]:
 
 def region_cut_positions(bsyms: Sequence, inputs: Sequence, outputs: set[str], held: set[str],
                          keep_apart: bool, names: RegionNames | None = None,
-                         storages: StorageMap | None = None, boundaries=()) -> list[int]:
+                         storages: StorageMap | None = None, boundaries=(), uncut_from_ops: Sequence[bool] = ()) -> list[int]:
     """Positions after which ``solvers.region_cuts`` cuts a region running ``bsyms``.
 
     ``inputs``: the region's input proxies; ``outputs``: names of what it returns (or what is read
@@ -84,7 +85,8 @@ def region_cut_positions(bsyms: Sequence, inputs: Sequence, outputs: set[str], h
     whole trace the region is part of, so that an input that is a view of another value (made
     before the region) holds that value's storage, as the step-peak estimate counts it; without
     it the region's inputs own their storages. ``boundaries``: positions after which the region is
-    always cut (``region_cuts``).
+    always cut (``region_cuts``). ``uncut_from_ops``: per op, whether no cut may fall from the
+    making of its operands on (``uncut_convolutions``, ``region_cuts.uncut_from``).
 
     The rule sees storages, not names: a value and its views are one storage, made once and freed
     after the last read of any of them.
@@ -107,8 +109,10 @@ def region_cut_positions(bsyms: Sequence, inputs: Sequence, outputs: set[str], h
         makes.append(tuple(fresh))
     freeable = {owner_of(p.name) for p in inputs} - held_storages
     apart = to_keep_apart(bsyms, outputs) if keep_apart else ()
-    return region_cuts(reads, makes, sizes, freeable, {owner_of(n) for n in outputs}, apart,
-                       written_after_made(bsyms, storages), boundaries)
+    fixed = written_after_made(bsyms, storages)
+    if any(uncut_from_ops):
+        fixed |= uncut_from(reads, makes, uncut_from_ops)
+    return region_cuts(reads, makes, sizes, freeable, {owner_of(n) for n in outputs}, apart, fixed, boundaries)
 
 
 def written_after_made(bsyms: Sequence, storages) -> set[int]:
@@ -160,9 +164,15 @@ class KernelModel:
     - The ops of a region between two extern kernels run as fused kernels, which allocate what
       they hand on before they run and free what they read after: such a run holds its inputs to
       its end and allocates its outputs at its start.
-    - ``uncut_convolution_regions``: a region that runs a convolution is not cut. What the
-      compiler's layout conversions around its convolution kernels hold is not modelled, so the
-      cut rule cannot see what a cut there costs.
+    - ``uncut_convolution_regions``: a backward region that runs a convolution is not cut. What
+      the compiler's layout conversions around its convolution kernels hold, and the order it
+      gives such a region's ops, are not modelled, so the cut rule cannot see what a cut there
+      costs (measured: cuts raised the zoo CNNs' peaks).
+    - ``cut_before_gradient_convolutions``: with the above, such a region is still cut before the
+      op making the operands of its first gradient convolution (``gradient_convolutions``), and
+      left whole from there on (``region_cuts.uncut_from``). Chosen per compilation, where the
+      step-peak estimate says it lowers the peak (a transformer whose only convolution is its
+      patch embedding, run last in the backward).
     - ``channels_last_convolutions_on_cpu``: the compiler calls a 2-d CPU convolution on
       channels-last operands (Inductor's layout optimization with oneDNN), so the library's own
       workspace is that of channels-last operands (measured: ``kernel_workspace``).
@@ -173,6 +183,7 @@ class KernelModel:
     heavy_on_cpu: tuple[str, ...] = ()
     uncut_convolution_regions: bool = False
     channels_last_convolutions_on_cpu: bool = False
+    cut_before_gradient_convolutions: bool = False
 
 
 class KernelKind:
@@ -206,6 +217,29 @@ def runs_convolution(bsym) -> bool:
     if contraction_kind(bsym.sym.name) in ("convolution", "transposed convolution"):
         return True
     return any(runs_convolution(sub) for sub in bsym.subsymbols)
+
+
+def gradient_convolutions(bsyms: Sequence, gradients: set[str] | None = None) -> list[bool]:
+    """Per bound symbol (a region's ops, or a trace's), whether it runs a convolution that reads a
+    value computed from a gradient (``trace_facts.gradient_values`` of the whole trace, or of
+    ``bsyms`` when not given): a convolution of the backward proper, not the backward's
+    recomputation of a forward one."""
+    gradients = gradient_values(bsyms) if gradients is None else gradients
+    return [runs_convolution(bsym) and any(p.name in gradients for p in bsym.flat_proxy_args) for bsym in bsyms]
+
+
+def uncut_convolutions(bsyms: Sequence, kernels: KernelModel | None, gradients: set[str] | None = None) -> list[bool]:
+    """Per op of a backward region (or of a trace), whether it keeps the region uncut, as
+    ``kernels`` says: every convolution (the region left whole), or with
+    ``cut_before_gradient_convolutions`` gradient convolutions only (uncut from the making of the
+    first one's operands on, ``region_cuts.uncut_from``; the backward's copies of forward
+    convolutions are cut around as any op). All False where ``kernels`` leaves regions running
+    convolutions to the cut rule. ``gradients``: as ``gradient_convolutions``."""
+    if kernels is None or not kernels.uncut_convolution_regions:
+        return [False] * len(bsyms)
+    if kernels.cut_before_gradient_convolutions:
+        return gradient_convolutions(bsyms, gradients)
+    return [runs_convolution(bsym) for bsym in bsyms]
 
 
 def uses_op(bsym, names: tuple[str, ...]) -> bool:

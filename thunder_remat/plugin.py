@@ -101,8 +101,9 @@ class RematFusionExecutor(FusionExecutor):
                 result = PairPassResult(trace)
             result.separated_regions = separated
             if self.config.split_regions:
-                bsyms, result.split_regions = split_backward_regions(result.trace, adapter_for, fusion_counter,
-                                                                     keep_order, session.prologue)
+                bsyms, result.split_regions = split_backward_regions(
+                    result.trace, adapter_for, fusion_counter, keep_order, session.prologue,
+                    session.cut_before_gradient_convolutions)
                 if result.split_regions:
                     result.trace = _finalize(result.trace, bsyms)
             if self.config.verify and result.trace is not original and \
@@ -122,12 +123,16 @@ def _fusion_facts(fusers: list):
     return (lambda bsym: any(ex.can_fuse(bsym) for ex in fusers)), (models.pop() if len(models) == 1 else None)
 
 
-def expected_regions(trace, executors, split: bool = True):
+def expected_regions(trace, executors, split: bool = True, plan=None):
     """The ``whole_graph.peak.RegionModel`` the plan of a compilation with ``executors`` expects
-    for ``trace`` (a joint trace, e.g. ``last_save_plan(jm).trace``); None if none of them fuses."""
+    for ``trace`` (a joint trace, e.g. ``last_save_plan(jm).trace``); None if none of them fuses.
+    ``plan``: that compilation's ``SavePassResult``, whose choices of regions it follows (where
+    regions running convolutions are cut)."""
     from thunder_remat.whole_graph.peak import predict_regions
 
     fusible, kernels = _fusion_facts([ex for ex in executors if isinstance(ex, FusionExecutor)])
+    if kernels is not None and plan is not None and plan.cut_before_gradient_convolutions:
+        kernels = replace(kernels, cut_before_gradient_convolutions=True)
     return predict_regions(trace, fusible, split, kernels) if fusible is not None else None
 
 
@@ -164,7 +169,8 @@ def plan_joint_trace(trace, executor: RematFusionExecutor):
     planned = result.status is not PassStatus.FAILED
     stash("session", replace(session, saved_set_planned=planned,
                              planned_below_fastest=planned and result.below_fastest,
-                             prologue=result.prologue))
+                             prologue=result.prologue,
+                             cut_before_gradient_convolutions=planned and result.cut_before_gradient_convolutions))
     record_provenance(result.provenance())
     stash("save_result", result)
     return result.trace

@@ -109,3 +109,6 @@ class RematSession:
     #: ``SavePassResult.prologue``): a backward region is cut after the last of them, so that
     #: the regions after hold them as inputs, as they would hold the saved values they stand for
     prologue: frozenset[str] = frozenset()
+    #: backward regions running a convolution are cut before their first gradient convolution
+    #: (the plan's ``SavePassResult.cut_before_gradient_convolutions``)
+    cut_before_gradient_convolutions: bool = False

@@ -48,6 +48,18 @@ def reads_forward_values(bsym) -> bool:
     return bsym.sym.id != prims.PrimIDs.GET_GRAD
 
 
+def gradient_values(bsyms) -> set[str]:
+    """Names of the values computed from the gradients a joint trace is handed: ``get_grad``'s
+    outputs and everything made from them (a fusion region's ops walked one by one). A forward op,
+    and the backward's copy of one (a recomputation), makes none."""
+    found: set[str] = set()
+    for bsym in bsyms:
+        for op in (bsym.subsymbols if bsym.sym.is_fusion else (bsym,)):
+            if op.sym.id == prims.PrimIDs.GET_GRAD or any(p.name in found for p in op.flat_proxy_args):
+                found.update(p.name for p in op.flat_proxy_outs)
+    return found
+
+
 def is_joint_trace(trace) -> bool:
     """A joint forward+backward trace (not a prologue, epilogue or inference-only trace)."""
     bsyms = trace.bound_symbols

@@ -8,7 +8,9 @@ reads it; where the executor's compiler merges equal computations, two ops compu
 (a value recomputed again for a far reader) may be cut apart when what the compiler would hold in
 between outweighs what crosses the cut. No cut falls between an op that makes a storage and an
 in-place write into it, and none in a region that runs a convolution where the executor's kernel
-model says so (``KernelModel.uncut_convolution_regions``). Where to cut is
+model says so (``KernelModel.uncut_convolution_regions``), or, where the plan chose it
+(``KernelModel.cut_before_gradient_convolutions``), none from the making of the operands of its
+first gradient convolution on. Where to cut is
 ``fusion_regions.region_cut_positions`` (the rule is ``solvers.region_cuts``, plain data); each
 piece is emitted through the region's own executor, in the original order, reading and returning
 what the pieces around it need, so the trace computes the same values.
@@ -17,12 +19,13 @@ what the pieces around it need, so the trace computes the same values.
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 
 from thunder.core.pytree import tree_flatten
 
-from thunder_remat.fusion_regions import region_cut_positions, region_names, runs_convolution, written_after_made
+from thunder_remat.fusion_regions import region_cut_positions, region_names, uncut_convolutions, written_after_made
 from thunder_remat.storage import storage_map
-from thunder_remat.trace_facts import is_backward, is_backward_region, loss_outputs
+from thunder_remat.trace_facts import gradient_values, is_backward, is_backward_region, loss_outputs
 
 __all__ = ["split_backward_regions", "separate_forward_and_backward"]
 
@@ -69,13 +72,16 @@ def _counters(bsyms, fusion_counter: Callable) -> dict:
 
 
 def split_backward_regions(trace, adapter_for: Callable, fusion_counter: Callable,
-                           order_kept: bool = False, prologue=frozenset()) -> tuple[list, list[tuple[str, int]]]:
+                           order_kept: bool = False, prologue=frozenset(),
+                           cut_before_gradient_convolutions: bool = False) -> tuple[list, list[tuple[str, int]]]:
     """The bound symbols of ``trace`` with each backward fusion region cut where ``region_cuts``
     says, and (region name, pieces) for every region cut. ``order_kept``: the regions will run
     their ops in order (``FusionAdapter.keep_plan_order``), so no executor merges two equal
     computations and no cut is needed to keep them apart. ``prologue``: names the backward makes
     when it starts (``RematSession.prologue``): a region is also cut after the last op making one,
-    as the step-peak estimate expects."""
+    as the step-peak estimate expects. ``cut_before_gradient_convolutions``: the plan's choice
+    (``SavePassResult.cut_before_gradient_convolutions``) for regions the executor's kernel model
+    leaves uncut where they run a convolution."""
     # the function's arguments and parameters are held anyway: a cut frees nothing of theirs
     arguments = [p for p in tree_flatten((trace.args, trace.kwargs))[0] if hasattr(p, "name")]
     held = {p.name for p in arguments}
@@ -92,6 +98,7 @@ def split_backward_regions(trace, adapter_for: Callable, fusion_counter: Callabl
             if position < len(bsyms) - 1 or p.name not in to_loss:
                 last_reader[storages.owner_of(p.name)] = position
     counters = _counters(bsyms, fusion_counter)
+    gradients = None  # computed once, where a region needs it
     out, done = [], []
     for position, bsym in enumerate(bsyms):
         adapter = adapter_for(bsym.sym.executor) if bsym.sym.is_fusion else None
@@ -102,9 +109,12 @@ def split_backward_regions(trace, adapter_for: Callable, fusion_counter: Callabl
             read_later = {p.name for p in bsym.flat_proxy_args
                           if last_reader.get(storages.owner_of(p.name), -1) > position}
             kernels = adapter.kernel_model()
-            uncut = kernels is not None and kernels.uncut_convolution_regions
-            pieces = None if uncut and any(runs_convolution(sub) for sub in bsym.subsymbols) else \
-                _pieces(bsym, held | read_later, merges, storages, prologue)
+            if kernels is not None and cut_before_gradient_convolutions:
+                kernels = replace(kernels, cut_before_gradient_convolutions=True)
+                gradients = gradient_values(bsyms) if gradients is None else gradients
+            uncut_from = uncut_convolutions(bsym.subsymbols, kernels, gradients)
+            whole = any(uncut_from) and not kernels.cut_before_gradient_convolutions
+            pieces = None if whole else _pieces(bsym, held | read_later, merges, storages, prologue, uncut_from)
         if not pieces:
             out.append(bsym)
             continue
@@ -115,7 +125,7 @@ def split_backward_regions(trace, adapter_for: Callable, fusion_counter: Callabl
     return out, done
 
 
-def _pieces(region, held: set[str], keep_apart: bool, storages, prologue=frozenset()):
+def _pieces(region, held: set[str], keep_apart: bool, storages, prologue=frozenset(), uncut_from=()):
     """(inputs, outputs, bound symbols) of each piece of ``region``, or None when it is not cut."""
     subs = list(region.subsymbols)
     names = region_names(subs)
@@ -123,7 +133,7 @@ def _pieces(region, held: set[str], keep_apart: bool, storages, prologue=frozens
     returned = [p.name for p in region.flat_proxy_outs]
     boundaries = [k for k, made in enumerate(makes) if prologue.intersection(made)][-1:]
     cuts = region_cut_positions(subs, region.flat_proxy_args, set(returned), held, keep_apart, names, storages,
-                                boundaries)
+                                boundaries, uncut_from)
     if not cuts:
         return None
     return _pieces_at(subs, [0, *(k + 1 for k in cuts), len(subs)], returned, names)

@@ -22,14 +22,16 @@ held for: at the latest position a cut between them can take, those bytes count 
 dead input's, so the cut is made only when they (with what else it frees) exceed what crosses.
 
 No cut is placed where ``fixed`` says: after an op that makes a storage and before an in-place
-write into it, so that a piece never writes into memory an earlier piece made.
+write into it, so that a piece never writes into memory an earlier piece made; and, where the
+compiler's memory around some op is not modelled (a convolution's layout conversions), from the
+making of that op's operands on (``uncut_from``): the part before it is still cut by the rule.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-__all__ = ["region_cuts", "made_then_written"]
+__all__ = ["region_cuts", "made_then_written", "uncut_from"]
 
 
 def region_cuts(reads: Sequence[Sequence[str]], makes: Sequence[Sequence[str]], sizes: Mapping[str, int],
@@ -148,3 +150,18 @@ def made_then_written(makes: Sequence[Sequence[str]], writes: Sequence[str | Non
         if start is not None and start < k:
             fixed.update(range(start, k))
     return fixed
+
+
+
+def uncut_from(reads: Sequence[Sequence[str]], makes: Sequence[Sequence[str]], marked: Sequence[bool]) -> set[int]:
+    """The ``fixed`` positions of ``region_cuts`` that keep the first ``marked`` op of a region, and
+    every op from the first one making a storage it reads, in the region's last piece: no cut
+    after any of them. ``reads``/``makes``: as ``region_cuts``; ``marked``: per op, whether a cut
+    near it cannot be priced (the region then stays whole from there on; nothing if none is
+    marked)."""
+    first = next((k for k, m in enumerate(marked) if m), None)
+    if first is None:
+        return set()
+    operands = set(reads[first])
+    start = next((k for k in range(first) if operands.intersection(makes[k])), first)
+    return set(range(start, len(reads)))

@@ -17,8 +17,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from thunder_remat.fusion_regions import KernelKind, KernelModel, kernel_kind, runs_convolution, uses_op
-from thunder_remat.solvers.region_cuts import made_then_written, region_cuts
+from thunder_remat.fusion_regions import (KernelKind, KernelModel, kernel_kind, runs_convolution, uncut_convolutions,
+                                          uses_op)
+from thunder_remat.solvers.region_cuts import made_then_written, region_cuts, uncut_from
 from thunder_remat.trace_facts import (TagReader, forward_storages, in_place_destination, is_backward, loss_outputs,
                                        trace_names)
 from thunder_remat.whole_graph.rewrite import COPY_PREFIX, CopySchedule
@@ -132,8 +133,11 @@ class RegionModel:
     (consecutive ones, never cut: the split cuts backward regions), walked the same way. Then
     ``kinds[position]`` is the ``KernelKind`` the op there
     becomes and ``heavy[position]`` whether it uses one of ``kernels.heavy_on_cpu`` on CPU;
-    ``convolution[position]``: the op there runs a convolution (filled where
-    ``kernels.uncut_convolution_regions``: a region holding one is not cut).
+    ``convolution[position]``: the op there runs a convolution; ``uncut_from[position]``: it
+    keeps its region uncut (``fusion_regions.uncut_convolutions``; both filled where
+    ``kernels.uncut_convolution_regions``: a region holding an ``uncut_from`` op is not cut, or
+    with ``kernels.cut_before_gradient_convolutions`` not from the making of the first one's
+    operands on).
     ``library[position]``: the op there is fused, on CPU, and a library call whose workspace is
     measured (``storage.measured_workspace``), which the executor's compiler calls as PyTorch does
     (Inductor's extern kernels; its 2-d convolutions on channels-last operands where
@@ -149,6 +153,7 @@ class RegionModel:
     heavy: tuple[bool, ...] = ()
     convolution: tuple[bool, ...] = ()
     library: tuple[bool, ...] = ()
+    uncut_from: tuple[bool, ...] = ()
 
     @property
     def forward_regions(self) -> bool:
@@ -174,9 +179,10 @@ def predict_regions(trace, fusible, split: bool = True, kernels: KernelModel | N
     ``kernel_model()``."""
     bsyms = trace.bound_symbols
     fused = tuple(bool(fusible(bsym)) for bsym in bsyms)
-    kinds, heavy, convolution, library = (), (), (), ()
+    kinds, heavy, convolution, library, uncut_from = (), (), (), (), ()
     if kernels is not None and kernels.uncut_convolution_regions:
         convolution = tuple(f and runs_convolution(bsym) for bsym, f in zip(bsyms, fused))
+        uncut_from = tuple(f and c for c, f in zip(uncut_convolutions(bsyms, kernels), fused))
     if kernels is not None:
         tags = TagReader()
         kinds = tuple(kernel_kind(bsym, tags) if f else None for bsym, f in zip(bsyms, fused))
@@ -184,7 +190,7 @@ def predict_regions(trace, fusible, split: bool = True, kernels: KernelModel | N
                       for bsym, f in zip(bsyms, fused))
         library = tuple(bool(f and _on_cpu(bsym) and measured_workspace(bsym)) for bsym, f in zip(bsyms, fused))
     return RegionModel(fused, tuple(is_backward(bsym) for bsym in bsyms), split, kernels, kinds, heavy, convolution,
-                       library)
+                       library, uncut_from)
 
 
 def estimate_schedule_peak(schedule: CopySchedule, storages: StorageMap | None = None,
@@ -310,9 +316,10 @@ def estimate_schedule_peak(schedule: CopySchedule, storages: StorageMap | None =
         if prologue and prologue.intersection(tensor_outs[position]):
             prologue_end = step
         step += 1
-    uncut = [regions.convolution[p] for p in step_position] if regions is not None and regions.convolution else None
+    uncut = [regions.uncut_from[p] for p in step_position] if regions is not None and regions.uncut_from else None
+    cut_before = regions is not None and regions.kernels is not None and regions.kernels.cut_before_gradient_convolutions
     region_of = _step_regions(step_fused, step_backward, step_reads, step_makes, step_outs, step_writes, last_read,
-                              size, regions is not None and regions.split, prologue_end, uncut)
+                              size, regions is not None and regions.split, prologue_end, uncut, cut_before)
     if regions is not None and regions.kernels is not None:
         kinds = [regions.kinds[p] if region >= 0 else None for p, region in zip(step_position, region_of)]
         heavy = [regions.heavy[p] for p in step_position]
@@ -338,13 +345,15 @@ def estimate_schedule_peak(schedule: CopySchedule, storages: StorageMap | None =
 
 def _step_regions(fused: list[bool], backward: list[bool], reads: list[list], makes: list[list], outs: list[list],
                   writes: list, last_read: dict, size: dict, split: bool, prologue_end: int | None = None,
-                  uncut: list[bool] | None = None) -> list[int]:
+                  uncut: list[bool] | None = None, cut_before_uncut: bool = False) -> list[int]:
     """The region each step runs in (-1: none): runs of consecutive fused steps of one trace
     (``backward``: per step, it belongs to the backward), each backward run cut where
     ``solvers.region_cuts`` cuts it (``split``), reading storages as a built region reads names,
     and after ``prologue_end`` (the step of the backward prologue's last copy), as ``pairs.split``
-    cuts after the prologue; a run holding a step ``uncut`` marks is not cut, nor is a forward run
-    (``pairs.split`` cuts backward regions only)."""
+    cuts after the prologue; a run holding a step ``uncut`` marks is not cut, or with
+    ``cut_before_uncut`` not from the step making the first such step's operands on
+    (``region_cuts.uncut_from``); a forward run is not cut (``pairs.split`` cuts backward regions
+    only)."""
     region_of = [-1] * len(fused)
     region, k = -1, 0
     while k < len(fused):
@@ -355,7 +364,8 @@ def _step_regions(fused: list[bool], backward: list[bool], reads: list[list], ma
         while k < len(fused) and fused[k] and backward[k] == backward[start]:
             k += 1
         cuts: set[int] = set()
-        if split and backward[start] and k - start > 1 and not (uncut and any(uncut[start:k])):
+        whole = bool(uncut) and not cut_before_uncut and any(uncut[start:k])
+        if split and backward[start] and k - start > 1 and not whole:
             made = {storage for at in range(start, k) for storage in makes[at]}
             # the run's inputs no later step reads: a cut can free them
             inputs = {storage for at in range(start, k) for storage in reads[at]
@@ -365,6 +375,8 @@ def _step_regions(fused: list[bool], backward: list[bool], reads: list[list], ma
             # never between the first op in the run that makes a storage or a view of it and a
             # write into it (``fusion_regions.written_after_made``)
             fixed = made_then_written(outs[start:k], writes[start:k])
+            if uncut and any(uncut[start:k]):
+                fixed |= uncut_from([reads[at] for at in range(start, k)], run_makes, uncut[start:k])
             boundaries = (prologue_end - start,) if prologue_end is not None and start <= prologue_end < k else ()
             cuts = set(region_cuts([reads[at] for at in range(start, k)], run_makes, size, inputs, outputs,
                                    fixed=fixed, boundaries=boundaries))
