@@ -1006,3 +1006,40 @@ def test_scatters_scans_and_reductions_are_kernels_whose_outputs_are_written():
                      ("add", KernelKind.POINTWISE), ("cumsum", KernelKind.OTHER), ("add", KernelKind.POINTWISE),
                      ("sum", KernelKind.OTHER), ("matmul", KernelKind.EXTERN), ("sum", KernelKind.OTHER),
                      ("add", KernelKind.POINTWISE)]
+
+
+@pytest.mark.unit
+def test_a_gradient_convolution_reads_a_value_computed_from_a_gradient():
+    """``gradient_convolutions``: the convolution reading the backward's gradient is one; the
+    backward's copy of the forward convolution, which reads forward values only, is not; which of
+    them keep a region uncut follows the kernel model (``uncut_convolutions``)."""
+    import thunder.torch as ltorch
+
+    from builders import joint_trace
+    from thunder_remat.fusion_regions import KernelModel, gradient_convolutions, uncut_convolutions
+    from thunder_remat.trace_facts import gradient_values
+
+    made = {}
+
+    def forward(x, w, v):
+        return ltorch.tanh(ltorch.conv2d(x, w, stride=2))
+
+    def backward(x, w, v, out, g):
+        made["again"] = ltorch.conv2d(x, w, stride=2)  # a recomputation: no gradient in it
+        made["gh"] = ltorch.mul(g, made["again"])
+        made["gx"] = ltorch.conv2d(made["gh"], v)
+        return (made["gx"],)
+
+    trace = joint_trace(forward, backward, [("x", 2, 3, 8, 8), ("w", 4, 3, 2, 2), ("v", 3, 4, 1, 1)])
+    bsyms = trace.bound_symbols
+    gradients = gradient_values(bsyms)
+    assert {made["gh"].name, made["gx"].name} <= gradients and made["again"].name not in gradients
+    marks = gradient_convolutions(bsyms)
+    assert [b.flat_proxy_outs[0].name for b, m in zip(bsyms, marks) if m] == [made["gx"].name]
+
+    whole = KernelModel(reads_threshold=4, accumulated_reads_threshold=8, uncut_convolution_regions=True)
+    cut = KernelModel(reads_threshold=4, accumulated_reads_threshold=8, uncut_convolution_regions=True,
+                      cut_before_gradient_convolutions=True)
+    assert sum(uncut_convolutions(bsyms, whole)) == 3  # the forward's, its copy, the gradient's
+    assert uncut_convolutions(bsyms, cut) == marks
+    assert not any(uncut_convolutions(bsyms, KernelModel(reads_threshold=4, accumulated_reads_threshold=8)))
