@@ -225,7 +225,7 @@ def gradient_convolutions(bsyms: Sequence, gradients: set[str] | None = None) ->
     ``bsyms`` when not given): a convolution of the backward proper, not the backward's
     recomputation of a forward one."""
     gradients = gradient_values(bsyms) if gradients is None else gradients
-    return [runs_convolution(bsym) and any(p.name in gradients for p in bsym.flat_proxy_args) for bsym in bsyms]
+    return [any(p.name in gradients for p in bsym.flat_proxy_args) and runs_convolution(bsym) for bsym in bsyms]
 
 
 def uncut_convolutions(bsyms: Sequence, kernels: KernelModel | None, gradients: set[str] | None = None) -> list[bool]:

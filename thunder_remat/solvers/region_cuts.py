@@ -152,7 +152,6 @@ def made_then_written(makes: Sequence[Sequence[str]], writes: Sequence[str | Non
     return fixed
 
 
-
 def uncut_from(reads: Sequence[Sequence[str]], makes: Sequence[Sequence[str]], marked: Sequence[bool]) -> set[int]:
     """The ``fixed`` positions of ``region_cuts`` that keep the first ``marked`` op of a region, and
     every op from the first one making a storage it reads, in the region's last piece: no cut

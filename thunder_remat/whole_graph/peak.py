@@ -182,7 +182,8 @@ def predict_regions(trace, fusible, split: bool = True, kernels: KernelModel | N
     kinds, heavy, convolution, library, uncut_from = (), (), (), (), ()
     if kernels is not None and kernels.uncut_convolution_regions:
         convolution = tuple(f and runs_convolution(bsym) for bsym, f in zip(bsyms, fused))
-        uncut_from = tuple(f and c for c, f in zip(uncut_convolutions(bsyms, kernels), fused))
+        if any(convolution):
+            uncut_from = tuple(f and c for c, f in zip(uncut_convolutions(bsyms, kernels), fused))
     if kernels is not None:
         tags = TagReader()
         kinds = tuple(kernel_kind(bsym, tags) if f else None for bsym, f in zip(bsyms, fused))
