@@ -654,7 +654,7 @@ def test_a_backward_region_is_cut_before_the_gradient_convolution_it_runs_last()
     from thunder_remat.trace_facts import gradient_values
 
     torch.manual_seed(0)
-    x = torch.randn(4, 1, 16, 16)
+    x = torch.randn(8, 1, 32, 32)
     leaves = [torch.randn(64, 1, 4, 4), *(torch.randn(64, 64) / 8 for _ in range(6))]
     leaves = [w.requires_grad_() for w in leaves]
     runs = {}

@@ -30,12 +30,13 @@ __all__ = ["PEAK_KINDS", "PeakBreakdown", "RegionModel", "compiled_kernels", "es
 
 
 def estimate_peak_bytes(trace, regions: RegionModel | None = None, prologue=frozenset(),
-                        storages: StorageMap | None = None) -> int:
+                        storages: StorageMap | None = None, outputs_late: bool = False) -> int:
     """The estimated peak of live tensor bytes (inputs excluded) over a joint trace; ``prologue``:
     the names its backward makes when it starts (``SavePassResult.prologue``) when it is a rewrite;
     ``storages``: its ``forward_storages(trace, with_backward=True)`` when known (a reordered
-    backward has the same)."""
-    return estimate_schedule_peak(CopySchedule(trace), storages, regions=regions, prologue=prologue)
+    backward has the same); ``outputs_late``: as ``estimate_schedule_peak``."""
+    return estimate_schedule_peak(CopySchedule(trace), storages, regions=regions, prologue=prologue,
+                                  outputs_late=outputs_late)
 
 
 #: what the storages alive at the estimated peak are, in the order ``PeakBreakdown`` lists them
@@ -195,7 +196,8 @@ def predict_regions(trace, fusible, split: bool = True, kernels: KernelModel | N
 
 
 def estimate_schedule_peak(schedule: CopySchedule, storages: StorageMap | None = None,
-                           regions: RegionModel | None = None, detail: bool = False, prologue=frozenset()):
+                           regions: RegionModel | None = None, detail: bool = False, prologue=frozenset(),
+                           outputs_late: bool = False):
     """The estimated step peak of the trace a schedule would build, without building it.
 
     ``storages``: those of the schedule's (unrewritten) trace, forward and backward, when already
@@ -217,6 +219,12 @@ def estimate_schedule_peak(schedule: CopySchedule, storages: StorageMap | None =
 
     ``detail``: return (peak, the step where it happens, {storage: (step allocated, step of last
     read, bytes)} of the storages alive there) instead of the peak alone.
+
+    ``outputs_late``: a region left whole because it runs a convolution makes what none of its
+    own ops reads (its outputs: weight gradients, mostly) at its end, not where the trace puts it.
+    The compiler orders such a region itself and may run those ops after its convolutions
+    (Inductor did on the zoo ConvNeXt); this is the lowest such a region may hold, for comparing
+    it with cutting the region (``whole_graph.run.convolution_cuts``), not the estimate.
     """
     trace = schedule.trace
     if storages is None:
@@ -339,6 +347,12 @@ def estimate_schedule_peak(schedule: CopySchedule, storages: StorageMap | None =
             first, last = region_steps[region]
             if start < first:
                 last_read[storage] = max(last_read[storage], last)
+    if outputs_late and uncut and not cut_before:
+        for region, (first, last) in region_steps.items():
+            if any(uncut[first:last + 1]):
+                for storage, at in born.items():
+                    if first <= at < last and last_read[storage] > last and region not in read_in.get(storage, ()):
+                        born[storage] = last
     lifetimes = {storage: (at, last_read[storage], size.get(storage, sizes.get(storage, 0)))
                  for storage, at in born.items()}
     return _peak_of(lifetimes, step)[0] if not detail else _peak_of(lifetimes, step)

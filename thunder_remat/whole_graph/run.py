@@ -513,7 +513,8 @@ def convolution_cuts(trace, prologue, fusible, split: bool, kernels) -> tuple:
     if not any(cut_regions.uncut_from):
         return kernels, None
     storages = forward_storages(trace, with_backward=True)
-    whole = estimate_peak_bytes(trace, predict_regions(trace, fusible, split, kernels), prologue, storages)
+    whole = estimate_peak_bytes(trace, predict_regions(trace, fusible, split, kernels), prologue, storages,
+                                outputs_late=True)
     lower = estimate_peak_bytes(trace, cut_regions, prologue, storages)
     log.debug("backward regions running convolutions: est. step peak %d B whole, %d B cut before their first "
               "gradient convolution", whole, lower)
