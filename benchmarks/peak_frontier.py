@@ -410,7 +410,8 @@ def run_config(work: Workload, config: str, budget: float | None, reference, arg
             from thunder_remat.plugin import expected_regions
             from thunder_remat.whole_graph.peak import estimate_peak_bytes
 
-            regions = expected_regions(plan.trace, thunder_executors(config), plan=plan) if _compiles_regions(config) else None
+            executors = thunder_executors(config)
+            regions = expected_regions(plan.trace, executors, plan=plan) if _compiles_regions(config) else None
             row.estimate_bytes = estimate_peak_bytes(plan.trace, regions, plan.prologue)
             row.estimate = _mb(row.estimate_bytes) + "*"
         if isinstance(budget, str) and row.peak is not None and row.estimate_bytes is not None:

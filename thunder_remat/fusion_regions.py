@@ -72,7 +72,8 @@ def same_computations(bsyms: Sequence) -> list[tuple[int, int]]:
 
 def region_cut_positions(bsyms: Sequence, inputs: Sequence, outputs: set[str], held: set[str],
                          keep_apart: bool, names: RegionNames | None = None,
-                         storages: StorageMap | None = None, boundaries=(), uncut_from_ops: Sequence[bool] = ()) -> list[int]:
+                         storages: StorageMap | None = None, boundaries=(),
+                         uncut_from_ops: Sequence[bool] = ()) -> list[int]:
     """Positions after which ``solvers.region_cuts`` cuts a region running ``bsyms``.
 
     ``inputs``: the region's input proxies; ``outputs``: names of what it returns (or what is read

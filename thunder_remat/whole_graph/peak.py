@@ -326,7 +326,7 @@ def estimate_schedule_peak(schedule: CopySchedule, storages: StorageMap | None =
             prologue_end = step
         step += 1
     uncut = [regions.uncut_from[p] for p in step_position] if regions is not None and regions.uncut_from else None
-    cut_before = regions is not None and regions.kernels is not None and regions.kernels.cut_before_gradient_convolutions
+    cut_before = bool(regions is not None and regions.kernels and regions.kernels.cut_before_gradient_convolutions)
     region_of = _step_regions(step_fused, step_backward, step_reads, step_makes, step_outs, step_writes, last_read,
                               size, regions is not None and regions.split, prologue_end, uncut, cut_before)
     if regions is not None and regions.kernels is not None:

@@ -492,19 +492,19 @@ def _lowest_peak_order(trace, prologue, fusible, kernels, split: bool) -> _Order
 def convolution_cuts(trace, prologue, fusible, split: bool, kernels) -> tuple:
     """(``kernels`` set to cut backward regions before their first gradient convolution
     (``KernelModel.cut_before_gradient_convolutions``), the estimated step peak of ``trace`` so)
-    where that is ``AUTO_MIN_GAIN`` or more below the estimate with such regions whole; else
+    where that is ``AUTO_MIN_GAIN`` or more below the lowest the regions may hold whole; else
     (``kernels``, None). ``trace``: the rewrite the pass returns; ``prologue``: its
     ``SavePassResult.prologue``.
 
-    A region running a convolution is left whole because its compiler orders and lays out its ops
-    in ways the estimate does not follow, and the estimate of a whole region is the one that
-    misses more (measured: the zoo ConvNeXt at 1.0, whole 0.692 MB estimated 0.845, cut before its
-    first gradient convolution 0.804 MB estimated 0.847: Inductor, given the whole region, ran the
-    head's and last block's weight gradients after the stem's convolution). Cutting is taken only
-    where the estimate sees the ops before that convolution hold much, as in a transformer whose
-    only convolution is its patch embedding (CLIPVision: 35% lower), on the rewrite that runs:
-    the whole and the cut regions of the joint trace before the rewrite differ by 4% on ConvNeXt.
-    Plans, checkpoints and orders are chosen with the regions whole, as before."""
+    A region running a convolution is left whole because its compiler orders it itself, which the
+    estimate does not follow: on the zoo ConvNeXt, Inductor ran the stem's convolution before the
+    head's and last block's weight gradients, and cut before its first gradient convolution the
+    step measured 16-19% more (two shapes), though the trace's order estimated the cut 1-2% lower.
+    So the whole regions are estimated with what none of their ops reads made at their end
+    (``outputs_late``, the lowest they may hold; within 0.3% of ConvNeXt's measured peak), and
+    the cut is taken only where it is lower still: a transformer whose only convolution is its
+    patch embedding (CLIPVision, ViT: 22-23% lower). Plans, checkpoints and orders are chosen with
+    the regions whole."""
     if fusible is None or not split or kernels is None or not kernels.uncut_convolution_regions \
             or kernels.cut_before_gradient_convolutions:
         return kernels, None
@@ -516,8 +516,8 @@ def convolution_cuts(trace, prologue, fusible, split: bool, kernels) -> tuple:
     whole = estimate_peak_bytes(trace, predict_regions(trace, fusible, split, kernels), prologue, storages,
                                 outputs_late=True)
     lower = estimate_peak_bytes(trace, cut_regions, prologue, storages)
-    log.debug("backward regions running convolutions: est. step peak %d B whole, %d B cut before their first "
-              "gradient convolution", whole, lower)
+    log.debug("backward regions running convolutions: est. step peak at least %d B whole, %d B cut before their "
+              "first gradient convolution", whole, lower)
     return (cut, lower) if lower <= (1.0 - AUTO_MIN_GAIN) * whole else (kernels, None)
 
 
