@@ -220,8 +220,9 @@ def estimate_schedule_peak(schedule: CopySchedule, storages: StorageMap | None =
     ``detail``: return (peak, the step where it happens, {storage: (step allocated, step of last
     read, bytes)} of the storages alive there) instead of the peak alone.
 
-    ``outputs_late``: a region left whole because it runs a convolution makes what none of its
-    own ops reads (its outputs: weight gradients, mostly) at its end, not where the trace puts it.
+    ``outputs_late``: a region left whole that runs a convolution (a forward region too) makes
+    what none of its own ops reads (its outputs: weight gradients, mostly) at its end, not where
+    the trace puts it.
     The compiler orders such a region itself and may run those ops after its convolutions
     (Inductor did on the zoo ConvNeXt); this is the lowest such a region may hold, for comparing
     it with cutting the region (``whole_graph.run.convolution_cuts``), not the estimate.
