@@ -856,11 +856,16 @@ def test_a_region_with_a_convolution_keeps_inductors_order():
     # the earliest maker of any operand counts; later marked ops change nothing
     dict(reads=[("s",), ("a",), ("b",), ("a", "c"), ("d",)], makes=[("a",), ("b",), ("c",), ("d",), ("e",)],
          marked=[False, False, False, True, True], fixed={0, 1, 2, 3, 4}),
+    # not cut before: a region holding a marked op is not cut at all; holding none, as before
+    dict(reads=[("s",), ("a",), ("b", "w")], makes=[("a",), ("b",), ("c",)], marked=[False, False, True],
+         cut_before=False, fixed={0, 1, 2}),
+    dict(reads=[("s",), ("a",), ("b",)], makes=[("a",), ("b",), ("c",)], marked=[False] * 3, cut_before=False,
+         fixed=set()),
 ])
 def test_uncut_from_case_table(case):
     from thunder_remat.solvers.region_cuts import uncut_from
 
-    assert uncut_from(case["reads"], case["makes"], case["marked"]) == case["fixed"]
+    assert uncut_from(case["reads"], case["makes"], case["marked"], case.get("cut_before", True)) == case["fixed"]
 
 
 @pytest.mark.unit

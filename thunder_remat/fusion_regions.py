@@ -73,7 +73,7 @@ def same_computations(bsyms: Sequence) -> list[tuple[int, int]]:
 def region_cut_positions(bsyms: Sequence, inputs: Sequence, outputs: set[str], held: set[str],
                          keep_apart: bool, names: RegionNames | None = None,
                          storages: StorageMap | None = None, boundaries=(),
-                         uncut_from_ops: Sequence[bool] = ()) -> list[int]:
+                         uncut_from_ops: Sequence[bool] = (), cut_before_uncut: bool = True) -> list[int]:
     """Positions after which ``solvers.region_cuts`` cuts a region running ``bsyms``.
 
     ``inputs``: the region's input proxies; ``outputs``: names of what it returns (or what is read
@@ -87,7 +87,8 @@ def region_cut_positions(bsyms: Sequence, inputs: Sequence, outputs: set[str], h
     before the region) holds that value's storage, as the step-peak estimate counts it; without
     it the region's inputs own their storages. ``boundaries``: positions after which the region is
     always cut (``region_cuts``). ``uncut_from_ops``: per op, whether no cut may fall from the
-    making of its operands on (``uncut_convolutions``, ``region_cuts.uncut_from``).
+    making of its operands on, or with ``cut_before_uncut`` False none in the region at all
+    (``uncut_convolutions``, ``region_cuts.uncut_from``).
 
     The rule sees storages, not names: a value and its views are one storage, made once and freed
     after the last read of any of them.
@@ -111,8 +112,7 @@ def region_cut_positions(bsyms: Sequence, inputs: Sequence, outputs: set[str], h
     freeable = {owner_of(p.name) for p in inputs} - held_storages
     apart = to_keep_apart(bsyms, outputs) if keep_apart else ()
     fixed = written_after_made(bsyms, storages)
-    if any(uncut_from_ops):
-        fixed |= uncut_from(reads, makes, uncut_from_ops)
+    fixed |= uncut_from(reads, makes, uncut_from_ops, cut_before_uncut)
     return region_cuts(reads, makes, sizes, freeable, {owner_of(n) for n in outputs}, apart, fixed, boundaries)
 
 

@@ -113,8 +113,8 @@ def split_backward_regions(trace, adapter_for: Callable, fusion_counter: Callabl
                 kernels = replace(kernels, cut_before_gradient_convolutions=True)
                 gradients = gradient_values(bsyms) if gradients is None else gradients
             uncut_from = uncut_convolutions(bsym.subsymbols, kernels, gradients)
-            whole = any(uncut_from) and not kernels.cut_before_gradient_convolutions
-            pieces = None if whole else _pieces(bsym, held | read_later, merges, storages, prologue, uncut_from)
+            pieces = _pieces(bsym, held | read_later, merges, storages, prologue, uncut_from,
+                             cut_before_gradient_convolutions)
         if not pieces:
             out.append(bsym)
             continue
@@ -125,7 +125,8 @@ def split_backward_regions(trace, adapter_for: Callable, fusion_counter: Callabl
     return out, done
 
 
-def _pieces(region, held: set[str], keep_apart: bool, storages, prologue=frozenset(), uncut_from=()):
+def _pieces(region, held: set[str], keep_apart: bool, storages, prologue=frozenset(), uncut_from=(),
+            cut_before_uncut: bool = True):
     """(inputs, outputs, bound symbols) of each piece of ``region``, or None when it is not cut."""
     subs = list(region.subsymbols)
     names = region_names(subs)
@@ -133,7 +134,7 @@ def _pieces(region, held: set[str], keep_apart: bool, storages, prologue=frozens
     returned = [p.name for p in region.flat_proxy_outs]
     boundaries = [k for k, made in enumerate(makes) if prologue.intersection(made)][-1:]
     cuts = region_cut_positions(subs, region.flat_proxy_args, set(returned), held, keep_apart, names, storages,
-                                boundaries, uncut_from)
+                                boundaries, uncut_from, cut_before_uncut)
     if not cuts:
         return None
     return _pieces_at(subs, [0, *(k + 1 for k in cuts), len(subs)], returned, names)

@@ -152,15 +152,18 @@ def made_then_written(makes: Sequence[Sequence[str]], writes: Sequence[str | Non
     return fixed
 
 
-def uncut_from(reads: Sequence[Sequence[str]], makes: Sequence[Sequence[str]], marked: Sequence[bool]) -> set[int]:
+def uncut_from(reads: Sequence[Sequence[str]], makes: Sequence[Sequence[str]], marked: Sequence[bool],
+               cut_before: bool = True) -> set[int]:
     """The ``fixed`` positions of ``region_cuts`` that keep the first ``marked`` op of a region, and
     every op from the first one making a storage it reads, in the region's last piece: no cut
-    after any of them. ``reads``/``makes``: as ``region_cuts``; ``marked``: per op, whether a cut
-    near it cannot be priced (the region then stays whole from there on; nothing if none is
-    marked)."""
+    after any of them (``cut_before`` False: no cut anywhere in a region holding a marked op).
+    ``reads``/``makes``: as ``region_cuts``; ``marked``: per op, whether a cut near it cannot be
+    priced; nothing is fixed if none is."""
     first = next((k for k, m in enumerate(marked) if m), None)
     if first is None:
         return set()
+    if not cut_before:
+        return set(range(len(reads)))
     operands = set(reads[first])
     start = next((k for k in range(first) if operands.intersection(makes[k])), first)
     return set(range(start, len(reads)))

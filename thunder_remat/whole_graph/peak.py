@@ -380,8 +380,7 @@ def _step_regions(fused: list[bool], backward: list[bool], reads: list[list], ma
         while k < len(fused) and fused[k] and backward[k] == backward[start]:
             k += 1
         cuts: set[int] = set()
-        whole = bool(uncut) and not cut_before_uncut and any(uncut[start:k])
-        if split and backward[start] and k - start > 1 and not whole:
+        if split and backward[start] and k - start > 1:
             made = {storage for at in range(start, k) for storage in makes[at]}
             # the run's inputs no later step reads: a cut can free them
             inputs = {storage for at in range(start, k) for storage in reads[at]
@@ -391,8 +390,9 @@ def _step_regions(fused: list[bool], backward: list[bool], reads: list[list], ma
             # never between the first op in the run that makes a storage or a view of it and a
             # write into it (``fusion_regions.written_after_made``)
             fixed = made_then_written(outs[start:k], writes[start:k])
-            if uncut and any(uncut[start:k]):
-                fixed |= uncut_from([reads[at] for at in range(start, k)], run_makes, uncut[start:k])
+            if uncut:
+                fixed |= uncut_from([reads[at] for at in range(start, k)], run_makes, uncut[start:k],
+                                    cut_before_uncut)
             boundaries = (prologue_end - start,) if prologue_end is not None and start <= prologue_end < k else ()
             cuts = set(region_cuts([reads[at] for at in range(start, k)], run_makes, size, inputs, outputs,
                                    fixed=fixed, boundaries=boundaries))

@@ -23,6 +23,7 @@ from thunder_remat.whole_graph.reasons import PlanReasons, plan_reasons
 from thunder_remat.whole_graph.analysis import build_save_problem
 from thunder_remat.whole_graph.checkpoints import AUTO_MIN_GAIN, CheckpointChoice, anchor_fractions, checkpointed_schedule
 from thunder_remat.storage import StorageMap
+from thunder_remat.fusion_regions import gradient_convolutions
 from thunder_remat.whole_graph.peak import (PeakBreakdown, RegionModel, estimate_peak_bytes, peak_breakdown,
                                            predict_regions)
 from thunder_remat.whole_graph.frontier_walk import held_rewrites, plans_ahead, walk_frontier
@@ -329,12 +330,12 @@ def plan_saved_values(trace, config, *, zero3: bool = False, fusible=None, kerne
         result.trace = new
         result.prologue = prologue
         with timings.stage("estimate"):
-            kernels, cut_peak = convolution_cuts(new, prologue, fusible, config.split_regions, kernels)
-        if cut_peak is not None:
+            cut = convolution_cuts(new, prologue, fusible, config.split_regions, kernels)
+        if cut is not None:
             result.cut_before_gradient_convolutions = True
-            ordered = _Ordered(new, None, result.backward_order)  # its regions are predicted again below
+            ordered = replace(cut, order=result.backward_order)  # its storages and regions for the breakdown
             if result.peak_estimate is not None:
-                result.peak_estimate = cut_peak
+                result.peak_estimate = cut.peak
         if result.peak_estimate is not None:
             with timings.stage("estimate"):  # the reorder's storages and regions of this trace, where it ran
                 if ordered.storages is not None:
@@ -489,12 +490,12 @@ def _lowest_peak_order(trace, prologue, fusible, kernels, split: bool) -> _Order
     return _Ordered(best, peak, order, storages, next(r for c, r in predicted if c is best))
 
 
-def convolution_cuts(trace, prologue, fusible, split: bool, kernels) -> tuple:
-    """(``kernels`` set to cut backward regions before their first gradient convolution
-    (``KernelModel.cut_before_gradient_convolutions``), the estimated step peak of ``trace`` so)
-    where that is ``AUTO_MIN_GAIN`` or more below the lowest the regions may hold whole; else
-    (``kernels``, None). ``trace``: the rewrite the pass returns; ``prologue``: its
-    ``SavePassResult.prologue``.
+def convolution_cuts(trace, prologue, fusible, split: bool, kernels) -> _Ordered | None:
+    """``trace`` with its estimated step peak, storages and regions where backward regions are cut
+    before their first gradient convolution (``KernelModel.cut_before_gradient_convolutions``, set
+    on ``kernels`` in those regions), if that is ``AUTO_MIN_GAIN`` or more below the lowest the
+    regions may hold whole; else None. ``trace``: the rewrite the pass returns, in its order;
+    ``prologue``: its ``SavePassResult.prologue``.
 
     A region running a convolution is left whole because its compiler orders it itself, which the
     estimate does not follow: on the zoo ConvNeXt, Inductor ran the stem's convolution before the
@@ -507,18 +508,21 @@ def convolution_cuts(trace, prologue, fusible, split: bool, kernels) -> tuple:
     the regions whole."""
     if fusible is None or not split or kernels is None or not kernels.uncut_convolution_regions \
             or kernels.cut_before_gradient_convolutions:
-        return kernels, None
+        return None
+    bsyms = trace.bound_symbols
+    if not any(g and fusible(bsym) for g, bsym in zip(gradient_convolutions(bsyms), bsyms)):
+        return None  # no region runs a gradient convolution: nothing to choose
     cut = replace(kernels, cut_before_gradient_convolutions=True)
     cut_regions = predict_regions(trace, fusible, split, cut)
-    if not any(cut_regions.uncut_from):
-        return kernels, None
     storages = forward_storages(trace, with_backward=True)
     whole = estimate_peak_bytes(trace, predict_regions(trace, fusible, split, kernels), prologue, storages,
                                 outputs_late=True)
     lower = estimate_peak_bytes(trace, cut_regions, prologue, storages)
     log.debug("backward regions running convolutions: est. step peak at least %d B whole, %d B cut before their "
               "first gradient convolution", whole, lower)
-    return (cut, lower) if lower <= (1.0 - AUTO_MIN_GAIN) * whole else (kernels, None)
+    if lower > (1.0 - AUTO_MIN_GAIN) * whole:
+        return None
+    return _Ordered(trace, lower, "trace", storages, cut_regions)
 
 
 def _ask_ceiling(trace, problem: SaveProblem, fusible, ceiling) -> int | None:
