@@ -76,7 +76,8 @@ class TorchCompileAdapter(FusionAdapter):
         return KernelModel(reads_threshold=int(inductor_config.realize_reads_threshold),
                            accumulated_reads_threshold=int(inductor_config.realize_acc_reads_threshold),
                            heavy_on_cpu=("exp", "sigmoid"), uncut_convolution_regions=True,
-                           channels_last_convolutions_on_cpu=channels_last)
+                           channels_last_convolutions_on_cpu=channels_last,
+                           orders_convolution_regions=bool(inductor_config.reorder_for_peak_memory))
 
     def keep_plan_order(self, bsym) -> None:
         """Regions with a convolution keep Inductor's order: it runs CPU convolutions as oneDNN

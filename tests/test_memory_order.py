@@ -8,10 +8,12 @@ import random
 import pytest
 
 from thunder_remat.solvers.memory_order import (OrderProblem, least_peak_order, least_peak_order_from_the_end,
-                                                oldest_inputs_order, sunk_order, walk_peak)
+                                                lowest_greedy_order, oldest_inputs_order, smallest_first_depth_order,
+                                                sunk_order, walk_peak)
 
 
-ORDERS = (sunk_order, least_peak_order, least_peak_order_from_the_end, oldest_inputs_order)
+ORDERS = (sunk_order, least_peak_order, least_peak_order_from_the_end, oldest_inputs_order,
+          smallest_first_depth_order, lowest_greedy_order)
 
 
 def problem(nodes, sizes, kept=()):
@@ -77,6 +79,38 @@ def test_an_order_with_nothing_to_gain_is_kept():
                     {"a": 4, "b": 4, "c": 4}, kept=("c",))
     for make in ORDERS:
         assert make(chain) == [0, 1, 2]
+
+
+@pytest.mark.unit
+def test_least_peak_order_counts_what_the_run_leaves_alive_from_the_start():
+    """Node 2 frees a 1000 B input as it makes a 1000 B kept output; nodes 0 and 1 make a 10 B
+    value and a 10 B kept one. All kept outputs are alive at the end (1010 B with the input
+    freed), so node 2 fits under that from the start and, freeing as much as it makes, goes first;
+    counted from the input alone (1000 B) nothing fits and the smallest allocation would."""
+    p = problem([((), (), ("t",)), ((0,), ("t",), ("K2",)), ((), ("S",), ("K",))],
+                {"S": 1000, "t": 10, "K2": 10, "K": 1000}, kept=("K", "K2"))
+    assert least_peak_order(p) == [2, 0, 1]
+    assert walk_peak(p, [2, 0, 1]) == 2000 < walk_peak(p, [0, 1, 2]) == 2010
+
+
+@pytest.mark.unit
+def test_the_depth_first_order_visits_the_smallest_node_first_each_after_its_predecessors():
+    p = problem([((), (), ("a",)), ((), (), ("b",)), ((0,), ("a",), ("c",)), ((1, 2), ("b", "c"), ("d",))],
+                {"a": 100, "b": 1, "c": 1, "d": 1}, kept=("d",))
+    # node 1 (1 B) first; node 2 (reads a: 101 B) after it; node 3 (3 B, but after all) last
+    assert smallest_first_depth_order(p) == [1, 0, 2, 3]
+
+
+@pytest.mark.unit
+def test_the_lowest_greedy_order_is_the_lowest_of_the_orders_it_tries_the_current_one_on_a_tie():
+    rng = random.Random(3)
+    for _ in range(100):
+        p = random_problem(rng, rng.randint(1, 25))
+        tried = [list(range(len(p.preds))), least_peak_order(p), oldest_inputs_order(p), smallest_first_depth_order(p)]
+        chosen = lowest_greedy_order(p)
+        assert walk_peak(p, chosen) == min(walk_peak(p, order) for order in tried)
+        if walk_peak(p, tried[0]) == walk_peak(p, chosen):
+            assert chosen == tried[0]
 
 
 def random_problem(rng: random.Random, n: int) -> OrderProblem:

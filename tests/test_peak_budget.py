@@ -1048,3 +1048,44 @@ def test_a_gradient_convolution_reads_a_value_computed_from_a_gradient():
     assert sum(uncut_convolutions(bsyms, whole)) == 3  # the forward's, its copy, the gradient's
     assert uncut_convolutions(bsyms, cut) == marks
     assert not any(uncut_convolutions(bsyms, KernelModel(reads_threshold=4, accumulated_reads_threshold=8)))
+
+
+@pytest.mark.unit
+def test_a_region_the_compiler_orders_is_walked_in_the_order_it_would_choose():
+    """A backward region running a convolution is ordered by Inductor for its peak
+    (``KernelModel.orders_convolution_regions``). Here the backward's first op is a convolution
+    whose output (18,432 B) only the return reads, before a chain of three cumsums of the
+    gradient: in the trace's order it is alive over the chain. Inductor's greedy runs the chain
+    first (each step frees what it read as it makes as much) and the convolution after, and so
+    does the walk: 18,432 B lower. The peak breakdown says where the peak is in the trace."""
+    import thunder.torch as ltorch
+
+    from builders import joint_trace
+    from thunder_remat.fusion_regions import KernelModel
+    from thunder_remat.whole_graph.peak import estimate_peak_bytes, peak_breakdown, predict_regions
+
+    made = {}
+
+    def forward(x, w):
+        return ltorch.conv2d(x, w)
+
+    def backward(x, w, out, g):
+        made["early"] = ltorch.conv2d(x, w)  # ready at once, read only by the return
+        a = ltorch.cumsum(g, 0)
+        b = ltorch.cumsum(a, 1)
+        made["gx"] = ltorch.cumsum(b, 2)
+        return made["gx"], made["early"]
+
+    trace = joint_trace(forward, backward, [("x", 2, 4, 16, 16), ("w", 16, 4, 5, 5)])
+    size = 2 * 16 * 12 * 12 * 4
+    peaks = {}
+    for orders in (False, True):
+        kernels = KernelModel(reads_threshold=4, accumulated_reads_threshold=8, uncut_convolution_regions=True,
+                              orders_convolution_regions=orders)
+        regions = predict_regions(trace, lambda bsym: True, True, kernels)
+        peaks[orders] = estimate_peak_bytes(trace, regions)
+        at = peak_breakdown(trace, regions, top=10)
+        assert at.peak == peaks[orders] and at.in_backward
+        alive = {name for name, _, _ in at.largest}
+        assert (made["early"].name in alive) is not orders
+    assert peaks == {False: 5 * size, True: 4 * size}

@@ -174,6 +174,11 @@ class KernelModel:
       left whole from there on (``region_cuts.uncut_from``). Chosen per compilation, where the
       step-peak estimate says it lowers the peak (a transformer whose only convolution is its
       patch embedding, run last in the backward).
+    - ``orders_convolution_regions``: the compiler runs a region that runs a convolution in an
+      order of its own, chosen for the least peak of what it allocates (Inductor's
+      ``reorder_for_peak_memory``; thunder_remat keeps the plan's order in other regions below the
+      fastest plan). The walk runs such a region in the order ``memory_order.lowest_greedy_order``
+      picks among the same kinds of greedy orders, on the values the compiler allocates.
     - ``channels_last_convolutions_on_cpu``: the compiler calls a 2-d CPU convolution on
       channels-last operands (Inductor's layout optimization with oneDNN), so the library's own
       workspace is that of channels-last operands (measured: ``kernel_workspace``).
@@ -185,6 +190,7 @@ class KernelModel:
     uncut_convolution_regions: bool = False
     channels_last_convolutions_on_cpu: bool = False
     cut_before_gradient_convolutions: bool = False
+    orders_convolution_regions: bool = False
 
 
 class KernelKind:

@@ -20,8 +20,8 @@ from __future__ import annotations
 import heapq
 from dataclasses import dataclass
 
-__all__ = ["OrderProblem", "least_peak_order", "least_peak_order_from_the_end", "oldest_inputs_order", "sunk_order",
-           "walk_peak"]
+__all__ = ["OrderProblem", "least_peak_order", "least_peak_order_from_the_end", "lowest_greedy_order",
+           "oldest_inputs_order", "smallest_first_depth_order", "sunk_order", "walk_peak"]
 
 
 @dataclass(frozen=True)
@@ -103,8 +103,9 @@ def _successors(problem: OrderProblem) -> list[list[int]]:
 
 def least_peak_order(problem: OrderProblem) -> list[int]:
     """Greedy: of the nodes whose predecessors have run, run one that does not raise the peak so
-    far, the one leaving the fewest bytes alive; when every one raises it, the one raising it
-    least. Ties go to the earlier node, so an order with nothing to gain is kept."""
+    far (at least what the run leaves alive at its end), the one leaving the fewest bytes alive;
+    when every one raises it, the one raising it least. Ties go to the earlier node, so an order
+    with nothing to gain is kept."""
     n = len(problem.preds)
     succs = _successors(problem)
     readers_of: dict[str, list[int]] = {}
@@ -114,7 +115,10 @@ def least_peak_order(problem: OrderProblem) -> list[int]:
     waiting = [len(before) for before in problem.preds]
     ready = [i for i in range(n) if waiting[i] == 0]
     liveness = _Liveness(problem)
-    peak = liveness.live
+    # the kept storages the run makes are all alive at its end: the peak is at least that from the
+    # start, so nodes that fit under it go by what they leave alive (what Inductor's LPMF does)
+    made_kept = set().union(*problem.makes) & problem.kept if n else set()
+    peak = liveness.live + sum(problem.sizes.get(s, 0) for s in made_kept)
     # per ready node: (bytes it allocates, bytes it allocates less bytes it frees); the live bytes
     # are common to all, so only these differ. A node's entry changes when a storage it reads
     # loses a reader.
@@ -271,3 +275,42 @@ def least_peak_order_from_the_end(problem: OrderProblem) -> list[int]:
     if len(order) != n:
         raise ValueError("the run's ordering constraints have a cycle")
     return order[::-1]
+
+
+def smallest_first_depth_order(problem: OrderProblem) -> list[int]:
+    """Depth first: visit the nodes smallest first (the bytes a node allocates and reads), each
+    after its predecessors, visited smallest first too; ties go to the earlier node."""
+    weight = [sum(problem.sizes.get(s, 0) for s in problem.makes[i] | problem.reads[i])
+              for i in range(len(problem.preds))]
+    done: set[int] = set()
+    order: list[int] = []
+    for root in sorted(range(len(problem.preds)), key=lambda i: (weight[i], i)):
+        stack = [(root, False)]
+        while stack:  # iterative, so a long chain does not hit the recursion limit
+            i, expanded = stack.pop()
+            if i in done:
+                continue
+            if expanded:
+                done.add(i)
+                order.append(i)
+                continue
+            stack.append((i, True))
+            for j in sorted(problem.preds[i], key=lambda j: (weight[j], j), reverse=True):
+                if j not in done:
+                    stack.append((j, False))
+    return order
+
+
+def lowest_greedy_order(problem: OrderProblem) -> list[int]:
+    """Of the current order, ``least_peak_order``, ``oldest_inputs_order`` and
+    ``smallest_first_depth_order``, the one with the lowest ``walk_peak`` (the earliest of these on
+    a tie): the choice Inductor's ``reorder_for_peak_memory`` makes among the same kinds of orders
+    of a region's kernels (torch 2.11), to estimate a region whose order Inductor chooses."""
+    best = list(range(len(problem.preds)))
+    best_peak = walk_peak(problem, best)
+    for order_of in (least_peak_order, oldest_inputs_order, smallest_first_depth_order):
+        order = order_of(problem)
+        peak = walk_peak(problem, order)
+        if peak < best_peak:
+            best, best_peak = order, peak
+    return best

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 from thunder_remat.fusion_regions import (KernelKind, KernelModel, kernel_kind, runs_convolution, uncut_convolutions,
                                           uses_op)
+from thunder_remat.solvers.memory_order import OrderProblem, lowest_greedy_order
 from thunder_remat.solvers.region_cuts import made_then_written, region_cuts, uncut_from
 from thunder_remat.trace_facts import (TagReader, forward_storages, in_place_destination, is_backward, loss_outputs,
                                        trace_names)
@@ -26,7 +27,7 @@ from thunder_remat.whole_graph.rewrite import COPY_PREFIX, CopySchedule
 from thunder_remat.storage import StorageMap, measured_workspace
 
 __all__ = ["PEAK_KINDS", "PeakBreakdown", "RegionModel", "compiled_kernels", "estimate_peak_bytes",
-           "estimate_schedule_peak", "peak_breakdown", "predict_regions"]
+           "estimate_schedule_peak", "hold_kernel_runs", "inline_pointwise", "peak_breakdown", "predict_regions"]
 
 
 def estimate_peak_bytes(trace, regions: RegionModel | None = None, prologue=frozenset(),
@@ -330,11 +331,25 @@ def estimate_schedule_peak(schedule: CopySchedule, storages: StorageMap | None =
     cut_before = bool(regions is not None and regions.kernels and regions.kernels.cut_before_gradient_convolutions)
     region_of = _step_regions(step_fused, step_backward, step_reads, step_makes, step_outs, step_writes, last_read,
                               size, regions is not None and regions.split, prologue_end, uncut, cut_before)
+    walk_step = list(range(step))  # per step now: its step in the walk's order (moved by a compiler's order)
     if regions is not None and regions.kernels is not None:
         kinds = [regions.kinds[p] if region >= 0 else None for p, region in zip(step_position, region_of)]
         heavy = [regions.heavy[p] for p in step_position]
-        step_reads = compiled_kernels(regions.kernels, kinds, heavy, region_of, step_reads, step_makes, born,
-                                      last_read, size)
+        step_reads = inline_pointwise(regions.kernels, kinds, heavy, region_of, step_reads, step_makes, size)
+        ordered = [r for r in set(region_of) if r >= 0 and _compiler_orders(regions, step_position, region_of, r)]
+        if ordered:
+            walk_step = _compiler_order(sorted(ordered), region_of, step_reads, step_makes, step_writes, born, size)
+            for per_step in (step_reads, step_makes, region_of, kinds, step_position, *([uncut] if uncut else [])):
+                per_step[:] = [per_step[k] for k in walk_step]
+            now_at = {old: new for new, old in enumerate(walk_step)}
+            for storage, at in born.items():
+                born[storage] = now_at[at]
+            last_read.clear()
+            last_read.update(born)
+        for at, read in enumerate(step_reads):
+            for storage in read:
+                last_read[storage] = max(last_read.get(storage, at), at)
+        hold_kernel_runs(kinds, region_of, step_reads, step_makes, born, last_read, size)
     region_steps: dict[int, list[int]] = {}  # region -> [first step, last step]
     read_in: dict = {}  # storage -> the regions that read it
     for at, region in enumerate(region_of):
@@ -356,7 +371,10 @@ def estimate_schedule_peak(schedule: CopySchedule, storages: StorageMap | None =
                         born[storage] = last
     lifetimes = {storage: (at, last_read[storage], size.get(storage, sizes.get(storage, 0)))
                  for storage, at in born.items()}
-    return _peak_of(lifetimes, step)[0] if not detail else _peak_of(lifetimes, step)
+    if not detail:
+        return _peak_of(lifetimes, step)[0]
+    peak, at, alive = _peak_of(lifetimes, step)
+    return peak, walk_step[at], alive
 
 
 def _step_regions(fused: list[bool], backward: list[bool], reads: list[list], makes: list[list], outs: list[list],
@@ -406,10 +424,8 @@ def _step_regions(fused: list[bool], backward: list[bool], reads: list[list], ma
 
 def compiled_kernels(model: KernelModel, kinds: list, heavy: list[bool], region_of: list[int], reads: list[list],
                      makes: list[list], born: dict, last_read: dict, size: dict) -> list[list]:
-    """Apply ``model`` to a walk of steps (``KernelModel`` says what it models): zero the size of
-    pointwise values computed inside their readers, make those readers read the values' inputs
-    instead, hold what each run of fused ops between extern kernels reads to the run's end and
-    allocate what it hands on at the run's start.
+    """Apply ``model`` to a walk of steps (``KernelModel`` says what it models): ``inline_pointwise``,
+    then ``hold_kernel_runs``.
 
     Per step: ``kinds`` its ``fusion_regions.KernelKind`` (None outside regions), ``heavy`` it uses
     one of ``model.heavy_on_cpu`` on CPU, ``region_of`` its region (-1: none), ``reads`` and
@@ -417,6 +433,19 @@ def compiled_kernels(model: KernelModel, kinds: list, heavy: list[bool], region_
     ``last_read`` and ``size`` (storage -> step allocated, step of last read, bytes) are updated
     in place.
     """
+    reads = inline_pointwise(model, kinds, heavy, region_of, reads, makes, size)
+    for at, read in enumerate(reads):
+        for storage in read:
+            last_read[storage] = max(last_read.get(storage, at), at)
+    hold_kernel_runs(kinds, region_of, reads, makes, born, last_read, size)
+    return reads
+
+
+def inline_pointwise(model: KernelModel, kinds: list, heavy: list[bool], region_of: list[int], reads: list[list],
+                     makes: list[list], size: dict) -> list[list]:
+    """Zero the size of the pointwise values ``model`` says their readers compute inside them, and
+    make those readers read the values' inputs instead (the arguments as ``compiled_kernels``'s).
+    Returns the steps' reads, updated. Independent of the steps' order within a region."""
     readers: dict = {}
     for at, read in enumerate(reads):
         for storage in read:
@@ -440,9 +469,14 @@ def compiled_kernels(model: KernelModel, kinds: list, heavy: list[bool], region_
                 if storage not in reads[r]:
                     reads[r].append(storage)
                     readers.setdefault(storage, []).append(r)
-    for at, read in enumerate(reads):
-        for storage in read:
-            last_read[storage] = max(last_read.get(storage, at), at)
+    return reads
+
+
+def hold_kernel_runs(kinds: list, region_of: list[int], reads: list[list], makes: list[list], born: dict,
+                     last_read: dict, size: dict) -> None:
+    """Hold what each run of fused ops between extern kernels reads to the run's end and allocate
+    what it hands on at the run's start (``KernelModel``; the arguments as ``compiled_kernels``'s,
+    updated in place)."""
     at = 0
     while at < len(kinds):  # runs of fused ops between extern kernels
         if kinds[at] in (None, KernelKind.EXTERN):
@@ -464,7 +498,53 @@ def compiled_kernels(model: KernelModel, kinds: list, heavy: list[bool], region_
                 # of the run's kernels, alive from its step to its last read (an embedding's
                 # backward there is a table-sized one)
         at += 1
-    return reads
+
+
+def _compiler_orders(regions: RegionModel, step_position: list[int], region_of: list[int], region: int) -> bool:
+    """The executor's compiler orders ``region``'s ops itself (``KernelModel.orders_convolution_regions``)."""
+    return bool(regions.kernels.orders_convolution_regions and regions.convolution
+                and any(regions.convolution[p] for p, r in zip(step_position, region_of) if r == region))
+
+
+def _compiler_order(ordered: list[int], region_of: list[int], reads: list[list], makes: list[list], writes: list,
+                    born: dict, size: dict) -> list[int]:
+    """The walk's steps in the order the compiler runs them: each region in ``ordered`` (its steps
+    consecutive) in ``memory_order.lowest_greedy_order`` of its ops, with the bytes the compiler
+    sees (the values it writes: a library call's workspace is not one), the others as they are.
+    ``reads`` and ``makes``: per step, after ``inline_pointwise``; ``writes``: per step, the
+    storage it writes in place, or None; ``born``: storage -> the step making it."""
+    order = list(range(len(region_of)))
+    for region in ordered:
+        steps = [at for at, r in enumerate(region_of) if r == region]
+        first, last = steps[0], steps[-1]
+        local = {at: i for i, at in enumerate(steps)}
+        read_after = {storage for at in range(last + 1, len(reads)) for storage in reads[at]}
+        preds: list[set[int]] = [set() for _ in steps]
+        for at in steps:
+            for storage in reads[at]:
+                maker = born.get(storage, -1)
+                if first <= maker < at:
+                    preds[local[at]].add(local[maker])
+        for at in steps:  # a write in place follows what touches the storage before it, precedes what reads it after
+            written = writes[at]
+            if written is None:
+                continue
+            for other in steps:
+                if written in reads[other] or written in makes[other]:
+                    if other < at:
+                        preds[local[at]].add(local[other])
+                    elif other > at:
+                        preds[local[other]].add(local[at])
+        touched = {storage for at in steps for storage in (*reads[at], *makes[at])}
+        # as the compiler sees it: the region's inputs are freed after their last reader in it
+        # (the caller holds them, which adds the same bytes to every order), what is read after
+        # the region is never freed
+        kept = frozenset(storage for storage in touched if storage in read_after)
+        problem = OrderProblem(tuple(frozenset(p) for p in preds), tuple(frozenset(reads[at]) for at in steps),
+                               tuple(frozenset(makes[at]) for at in steps),
+                               {storage: size.get(storage, 0) for storage in touched}, kept)
+        order[first:last + 1] = [steps[i] for i in lowest_greedy_order(problem)]
+    return order
 
 
 def _on_cpu(op) -> bool:
