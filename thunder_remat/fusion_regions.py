@@ -166,9 +166,8 @@ class KernelModel:
       they hand on before they run and free what they read after: such a run holds its inputs to
       its end and allocates its outputs at its start.
     - ``uncut_convolution_regions``: a backward region that runs a convolution is not cut. What
-      the compiler's layout conversions around its convolution kernels hold, and the order it
-      gives such a region's ops, are not modelled, so the cut rule cannot see what a cut there
-      costs (measured: cuts raised the zoo CNNs' peaks).
+      the compiler's layout conversions around its convolution kernels hold is not modelled, so
+      the cut rule cannot see what a cut there costs (measured: cuts raised the zoo CNNs' peaks).
     - ``cut_before_gradient_convolutions``: with the above, such a region is still cut before the
       op making the operands of its first gradient convolution (``gradient_convolutions``), and
       left whole from there on (``region_cuts.uncut_from``). Chosen per compilation, where the

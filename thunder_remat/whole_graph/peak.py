@@ -213,7 +213,9 @@ def estimate_schedule_peak(schedule: CopySchedule, storages: StorageMap | None =
     inputs as arguments: what it reads from before it (saved values, gradients so far) lives until
     it returns. Inside a region its ops run in order (``remat_keep_plan_order``) and values are
     freed at their last use, as unfused, unless ``regions.kernels`` models the executor's kernels
-    (``compiled_kernels``; measured against torch.compile's CPU regions: docs/whole-graph.md).
+    (``compiled_kernels``; measured against torch.compile's CPU regions: docs/whole-graph.md); a
+    region the compiler orders itself (``KernelModel.orders_convolution_regions``) runs in the
+    order it would choose (``_compiler_order``).
 
     The backward's prologue (the copies ``schedule.prologue`` counts, or the trace's ops making the
     names ``prologue``) ends a region, as ``pairs.split`` cuts it.
