@@ -8,12 +8,12 @@ import random
 import pytest
 
 from thunder_remat.solvers.memory_order import (OrderProblem, least_peak_order, least_peak_order_from_the_end,
-                                                lowest_greedy_order, oldest_inputs_order, smallest_first_depth_order,
-                                                sunk_order, walk_peak)
+                                                locality_order, lowest_greedy_order, oldest_inputs_order, renumbered,
+                                                smallest_first_depth_order, sunk_order, walk_peak)
 
 
 ORDERS = (sunk_order, least_peak_order, least_peak_order_from_the_end, oldest_inputs_order,
-          smallest_first_depth_order, lowest_greedy_order)
+          smallest_first_depth_order, lowest_greedy_order, locality_order)
 
 
 def problem(nodes, sizes, kept=()):
@@ -111,6 +111,29 @@ def test_the_lowest_greedy_order_is_the_lowest_of_the_orders_it_tries_the_curren
         assert walk_peak(p, chosen) == min(walk_peak(p, order) for order in tried)
         if walk_peak(p, tried[0]) == walk_peak(p, chosen):
             assert chosen == tried[0]
+
+
+@pytest.mark.unit
+def test_the_locality_order_places_each_node_just_before_its_first_successor_from_the_end():
+    """Inductor's FX pass, walking back from the end: the run's end reads the kept storages of
+    node 1 (through node 2, a view, making nothing) and node 5, placed before it in that order, 2
+    then 5; node 5's predecessor 3 just before it, and 3's predecessor 0 before 3; node 1 just
+    before its view. Node 4 makes two storages and stays (first, now)."""
+    p = problem([((), (), ("a",)), ((), (), ("k",)), ((1,), ("k",), ()), ((0,), ("a",), ("b",)),
+                 ((), (), ("c", "d")), ((3, 4), ("b", "c", "d"), ("e",))],
+                {"a": 1, "k": 1, "b": 1, "c": 1, "d": 1, "e": 1}, kept=("k", "e"))
+    assert locality_order(p) == [4, 1, 2, 0, 3, 5]
+
+
+@pytest.mark.unit
+def test_a_renumbered_problem_walks_as_the_original():
+    rng = random.Random(5)
+    for _ in range(50):
+        p = random_problem(rng, rng.randint(1, 20))
+        base = oldest_inputs_order(p)
+        q = renumbered(p, base)
+        assert walk_peak(q, range(len(base))) == walk_peak(p, base)
+        assert walk_peak(q, least_peak_order(q)) == walk_peak(p, [base[i] for i in least_peak_order(q)])
 
 
 def random_problem(rng: random.Random, n: int) -> OrderProblem:

@@ -20,8 +20,9 @@ from __future__ import annotations
 import heapq
 from dataclasses import dataclass
 
-__all__ = ["OrderProblem", "least_peak_order", "least_peak_order_from_the_end", "lowest_greedy_order",
-           "oldest_inputs_order", "smallest_first_depth_order", "sunk_order", "walk_peak"]
+__all__ = ["OrderProblem", "least_peak_order", "least_peak_order_from_the_end", "locality_order",
+           "lowest_greedy_order", "oldest_inputs_order", "renumbered", "smallest_first_depth_order", "sunk_order",
+           "walk_peak"]
 
 
 @dataclass(frozen=True)
@@ -314,3 +315,42 @@ def lowest_greedy_order(problem: OrderProblem) -> list[int]:
         if peak < best_peak:
             best, best_peak = order, peak
     return best
+
+
+def locality_order(problem: OrderProblem) -> list[int]:
+    """Each node just before its first successor, placed from the end (Inductor's
+    ``reorder_for_locality`` FX pass on a region's graph, torch 2.11): walking back from the run's
+    end, a node whose successors all come at or after the node being visited moves right before
+    it, and is visited next. A node making a ``kept`` storage (read after the run) counts the
+    run's end as a successor, so such nodes gather at the end (so does a node making nothing, a
+    view, that reads a kept storage, and then what makes it). A node making more than one
+    storage stays (in the FX graph its outputs are separate nodes, which do not move)."""
+    n = len(problem.preds)
+    succs = _successors(problem)
+    # a node making nothing (a view) that reads a kept storage stands for the view the end returns
+    to_end = [bool(makes & problem.kept) or (not makes and bool(reads & problem.kept))
+              for reads, makes in zip(problem.reads, problem.makes)]
+    end = n  # the run's end: what returns the kept storages
+    order = [*range(n), end]
+    seen: set[int] = set()
+    at = n
+    while at >= 0:
+        node = order[at]
+        seen.add(node)
+        before = sorted(i for i in range(n) if to_end[i]) if node == end else sorted(problem.preds[node])
+        for p in before:
+            if len(problem.makes[p]) > 1 or not all(k in seen for k in succs[p]) or (to_end[p] and end not in seen):
+                continue
+            order.remove(p)
+            order.insert(order.index(node), p)
+        at = order.index(node) - 1
+    return order[:-1]
+
+
+def renumbered(problem: OrderProblem, order: list[int]) -> OrderProblem:
+    """``problem`` with its nodes numbered in ``order`` (a topological order of it): node ``k`` of
+    the result is node ``order[k]``, so greedy orders break ties by ``order``."""
+    place = {node: k for k, node in enumerate(order)}
+    return OrderProblem(tuple(frozenset(place[j] for j in problem.preds[i]) for i in order),
+                        tuple(problem.reads[i] for i in order), tuple(problem.makes[i] for i in order),
+                        problem.sizes, problem.kept)

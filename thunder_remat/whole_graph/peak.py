@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 from thunder_remat.fusion_regions import (KernelKind, KernelModel, kernel_kind, runs_convolution, uncut_convolutions,
                                           uses_op)
-from thunder_remat.solvers.memory_order import OrderProblem, lowest_greedy_order
+from thunder_remat.solvers.memory_order import OrderProblem, locality_order, lowest_greedy_order, renumbered
 from thunder_remat.solvers.region_cuts import made_then_written, region_cuts, uncut_from
 from thunder_remat.trace_facts import (TagReader, forward_storages, in_place_destination, is_backward, loss_outputs,
                                        trace_names)
@@ -511,7 +511,8 @@ def _compiler_orders(regions: RegionModel, step_position: list[int], region_of: 
 def _compiler_order(ordered: list[int], region_of: list[int], reads: list[list], makes: list[list], writes: list,
                     born: dict, size: dict) -> list[int]:
     """The walk's steps in the order the compiler runs them: each region in ``ordered`` (its steps
-    consecutive) in ``memory_order.lowest_greedy_order`` of its ops, with the bytes the compiler
+    consecutive) in ``memory_order.lowest_greedy_order`` of its ops, from their
+    ``memory_order.locality_order`` (the FX pass before the scheduler), with the bytes the compiler
     sees (the values it writes: a library call's workspace is not one), the others as they are.
     ``reads`` and ``makes``: per step, after ``inline_pointwise``; ``writes``: per step, the
     storage it writes in place, or None; ``born``: storage -> the step making it."""
@@ -545,7 +546,8 @@ def _compiler_order(ordered: list[int], region_of: list[int], reads: list[list],
         problem = OrderProblem(tuple(frozenset(p) for p in preds), tuple(frozenset(reads[at]) for at in steps),
                                tuple(frozenset(makes[at]) for at in steps),
                                {storage: size.get(storage, 0) for storage in touched}, kept)
-        order[first:last + 1] = [steps[i] for i in lowest_greedy_order(problem)]
+        base = locality_order(problem)  # the graph's order when the scheduler gets it
+        order[first:last + 1] = [steps[base[i]] for i in lowest_greedy_order(renumbered(problem, base))]
     return order
 
 
