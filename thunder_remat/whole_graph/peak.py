@@ -16,6 +16,7 @@ output through the backward holds that much more).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 
 from thunder_remat.fusion_regions import (KernelKind, KernelModel, kernel_kind, runs_convolution, uncut_convolutions,
                                           uses_op)
@@ -538,17 +539,32 @@ def _compiler_order(ordered: list[int], region_of: list[int], reads: list[list],
                         preds[local[at]].add(local[other])
                     elif other > at:
                         preds[local[other]].add(local[at])
-        touched = {storage for at in steps for storage in (*reads[at], *makes[at])}
+        # storages numbered as first met: the rewrites one compilation compares share regions (the
+        # forward's) whose names differ, and the order is cached by content
+        label: dict = {}
+        for at in steps:
+            for storage in (*reads[at], *makes[at]):
+                label.setdefault(storage, len(label))
         # as the compiler sees it: the region's inputs are freed after their last reader in it
         # (the caller holds them, which adds the same bytes to every order), what is read after
         # the region is never freed
-        kept = frozenset(storage for storage in touched if storage in read_after)
-        problem = OrderProblem(tuple(frozenset(p) for p in preds), tuple(frozenset(reads[at]) for at in steps),
-                               tuple(frozenset(makes[at]) for at in steps),
-                               {storage: size.get(storage, 0) for storage in touched}, kept)
-        base = locality_order(problem)  # the graph's order when the scheduler gets it
-        order[first:last + 1] = [steps[base[i]] for i in lowest_greedy_order(renumbered(problem, base))]
+        kept = frozenset(label[storage] for storage in label if storage in read_after)
+        chosen = _region_order(tuple(frozenset(p) for p in preds),
+                               tuple(frozenset(label[s] for s in reads[at]) for at in steps),
+                               tuple(frozenset(label[s] for s in makes[at]) for at in steps),
+                               tuple(size.get(storage, 0) for storage in label), kept)
+        order[first:last + 1] = [steps[i] for i in chosen]
     return order
+
+
+@lru_cache(maxsize=256)
+def _region_order(preds: tuple, reads: tuple, makes: tuple, sizes: tuple, kept: frozenset) -> tuple[int, ...]:
+    """The order the compiler gives a region (``_compiler_order``'s problem, storages numbered):
+    its locality pass's order (the graph's order when the scheduler gets it), then the lowest of
+    the scheduler's greedy orders from there."""
+    problem = OrderProblem(preds, reads, makes, dict(enumerate(sizes)), kept)
+    base = locality_order(problem)
+    return tuple(base[i] for i in lowest_greedy_order(renumbered(problem, base)))
 
 
 def _on_cpu(op) -> bool:
