@@ -330,21 +330,34 @@ def locality_order(problem: OrderProblem) -> list[int]:
     # a node making nothing (a view) that reads a kept storage stands for the view the end returns
     to_end = [bool(makes & problem.kept) or (not makes and bool(reads & problem.kept))
               for reads, makes in zip(problem.reads, problem.makes)]
-    end = n  # the run's end: what returns the kept storages
-    order = [*range(n), end]
+    head, end = -1, n  # end: the run's end, what returns the kept storages
+    prev = {i: i - 1 for i in range(n + 1)}  # the order as a linked list, head to end
+    after = {i - 1: i for i in range(n + 1)}
+
+    def unlink(i: int) -> None:
+        after[prev[i]], prev[after[i]] = after[i], prev[i]
+
+    def link_before(i: int, node: int) -> None:
+        before_node = prev[node]
+        after[before_node], prev[i] = i, before_node
+        after[i], prev[node] = node, i
+
     seen: set[int] = set()
-    at = n
-    while at >= 0:
-        node = order[at]
+    node = end
+    while node != head:
         seen.add(node)
-        before = sorted(i for i in range(n) if to_end[i]) if node == end else sorted(problem.preds[node])
+        before = [i for i in range(n) if to_end[i]] if node == end else sorted(problem.preds[node])
         for p in before:
             if len(problem.makes[p]) > 1 or not all(k in seen for k in succs[p]) or (to_end[p] and end not in seen):
                 continue
-            order.remove(p)
-            order.insert(order.index(node), p)
-        at = order.index(node) - 1
-    return order[:-1]
+            unlink(p)
+            link_before(p, node)
+        node = prev[node]
+    order, i = [], after[head]
+    while i != end:
+        order.append(i)
+        i = after[i]
+    return order
 
 
 def renumbered(problem: OrderProblem, order: list[int]) -> OrderProblem:
