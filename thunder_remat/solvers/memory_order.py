@@ -139,9 +139,10 @@ def least_peak_order(problem: OrderProblem) -> list[int]:
         ready.remove(best)
         peak = max(peak, liveness.run(best))
         order.append(best)
-        for s in problem.reads[best]:
-            for k in readers_of[s]:
-                effect.pop(k, None)
+        for s in problem.reads[best]:  # a node's effect changes when it becomes a storage's last reader
+            if liveness.readers_left[s] == 1:
+                for k in readers_of[s]:
+                    effect.pop(k, None)
         for k in succs[best]:
             waiting[k] -= 1
             if waiting[k] == 0:
