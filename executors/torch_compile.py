@@ -77,6 +77,8 @@ class TorchCompileAdapter(FusionAdapter):
                            accumulated_reads_threshold=int(inductor_config.realize_acc_reads_threshold),
                            heavy_on_cpu=("exp", "sigmoid"), uncut_convolution_regions=True,
                            channels_last_convolutions_on_cpu=channels_last,
+                           # the walk of such a region also applies Inductor's reorder_for_locality
+                           # pass first (on by default; not read here)
                            orders_convolution_regions=bool(inductor_config.reorder_for_peak_memory))
 
     def keep_plan_order(self, bsym) -> None:
