@@ -1089,3 +1089,20 @@ def test_a_region_the_compiler_orders_is_walked_in_the_order_it_would_choose():
         alive = {name for name, _, _ in at.largest}
         assert (made["early"].name in alive) is not orders
     assert peaks == {False: 5 * size, True: 4 * size}
+
+
+@pytest.mark.unit
+def test_the_compilers_order_keeps_a_write_in_place_between_the_reads_before_and_after_it():
+    """``peak._compiler_order`` on plain steps: step 2 writes A in place; step 1 reads A before
+    the write and step 4 after it; step 3 makes a 900 B value the return reads. Whatever order the
+    compiler's passes pick, 1 runs before 2 and 2 before 4."""
+    from thunder_remat.whole_graph.peak import _compiler_order
+
+    reads = [[], ["A"], ["A"], ["A"], ["A", "B"], ["C", "D"]]  # step 5, after the region: its return
+    makes = [["A"], ["B"], [], ["C"], ["D"], []]
+    writes = [None, None, "A", None, None, None]
+    born = {"A": 0, "B": 1, "C": 3, "D": 4}
+    size = {"A": 100, "B": 10, "C": 900, "D": 10}
+    order = _compiler_order([0], [0, 0, 0, 0, 0, -1], reads, makes, writes, born, size)
+    assert order[5] == 5 and sorted(order[:5]) == [0, 1, 2, 3, 4]
+    assert order.index(1) < order.index(2) < order.index(4)
