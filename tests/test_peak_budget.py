@@ -912,10 +912,10 @@ def test_forward_steps_form_regions_of_their_own_that_are_never_cut():
 
 
 def _kernel_walk(kinds, heavy, regions, reads, makes, **thresholds):
-    """``peak.compiled_kernels`` on plain steps; every storage 100 bytes, born where made, last
-    read as the steps read it."""
+    """``peak.inline_pointwise`` then ``peak.hold_kernel_runs`` on plain steps; every storage 100
+    bytes, born where made, last read as the steps read it."""
     from thunder_remat.fusion_regions import KernelModel
-    from thunder_remat.whole_graph.peak import compiled_kernels
+    from thunder_remat.whole_graph.peak import hold_kernel_runs, inline_pointwise
 
     model = KernelModel(**{"reads_threshold": 4, "accumulated_reads_threshold": 8, "heavy_on_cpu": ("exp",),
                            **thresholds})
@@ -925,7 +925,8 @@ def _kernel_walk(kinds, heavy, regions, reads, makes, **thresholds):
         for s in read:
             last_read[s] = at
     size = dict.fromkeys(born, 100)
-    new_reads = compiled_kernels(model, kinds, heavy, regions, reads, makes, born, last_read, size)
+    new_reads = inline_pointwise(model, kinds, heavy, regions, reads, makes, size)
+    hold_kernel_runs(kinds, regions, new_reads, makes, born, last_read, size)
     return new_reads, born, last_read, size
 
 

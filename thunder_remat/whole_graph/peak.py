@@ -27,7 +27,7 @@ from thunder_remat.trace_facts import (TagReader, forward_storages, in_place_des
 from thunder_remat.whole_graph.rewrite import COPY_PREFIX, CopySchedule
 from thunder_remat.storage import StorageMap, measured_workspace
 
-__all__ = ["PEAK_KINDS", "PeakBreakdown", "RegionModel", "compiled_kernels", "estimate_peak_bytes",
+__all__ = ["PEAK_KINDS", "PeakBreakdown", "RegionModel", "estimate_peak_bytes",
            "estimate_schedule_peak", "hold_kernel_runs", "inline_pointwise", "peak_breakdown", "predict_regions"]
 
 
@@ -214,7 +214,8 @@ def estimate_schedule_peak(schedule: CopySchedule, storages: StorageMap | None =
     inputs as arguments: what it reads from before it (saved values, gradients so far) lives until
     it returns. Inside a region its ops run in order (``remat_keep_plan_order``) and values are
     freed at their last use, as unfused, unless ``regions.kernels`` models the executor's kernels
-    (``compiled_kernels``; measured against torch.compile's CPU regions: docs/whole-graph.md); a
+    (``inline_pointwise``, ``hold_kernel_runs``; measured against torch.compile's CPU regions:
+    docs/whole-graph.md); a
     region the compiler orders itself (``KernelModel.orders_convolution_regions``) runs in the
     order it would choose (``_compiler_order``).
 
@@ -339,19 +340,17 @@ def estimate_schedule_peak(schedule: CopySchedule, storages: StorageMap | None =
         kinds = [regions.kinds[p] if region >= 0 else None for p, region in zip(step_position, region_of)]
         heavy = [regions.heavy[p] for p in step_position]
         step_reads = inline_pointwise(regions.kernels, kinds, heavy, region_of, step_reads, step_makes, size)
-        ordered = [r for r in set(region_of) if r >= 0 and _compiler_orders(regions, step_position, region_of, r)]
+        ordered = sorted({r for p, r in zip(step_position, region_of) if r >= 0 and regions.convolution[p]}) \
+            if regions.kernels.orders_convolution_regions and regions.convolution else ()
         if ordered:
-            walk_step = _compiler_order(sorted(ordered), region_of, step_reads, step_makes, step_writes, born, size)
+            walk_step = _compiler_order(ordered, region_of, step_reads, step_makes, step_writes, born, size)
             for per_step in (step_reads, step_makes, region_of, kinds, step_position, *([uncut] if uncut else [])):
                 per_step[:] = [per_step[k] for k in walk_step]
             now_at = {old: new for new, old in enumerate(walk_step)}
             for storage, at in born.items():
                 born[storage] = now_at[at]
             last_read.clear()
-            last_read.update(born)
-        for at, read in enumerate(step_reads):
-            for storage in read:
-                last_read[storage] = max(last_read.get(storage, at), at)
+            last_read.update(born)  # the reads' part follows, in the new order
         hold_kernel_runs(kinds, region_of, step_reads, step_makes, born, last_read, size)
     region_steps: dict[int, list[int]] = {}  # region -> [first step, last step]
     read_in: dict = {}  # storage -> the regions that read it
@@ -425,30 +424,17 @@ def _step_regions(fused: list[bool], backward: list[bool], reads: list[list], ma
     return region_of
 
 
-def compiled_kernels(model: KernelModel, kinds: list, heavy: list[bool], region_of: list[int], reads: list[list],
-                     makes: list[list], born: dict, last_read: dict, size: dict) -> list[list]:
-    """Apply ``model`` to a walk of steps (``KernelModel`` says what it models): ``inline_pointwise``,
-    then ``hold_kernel_runs``.
+def inline_pointwise(model: KernelModel, kinds: list, heavy: list[bool], region_of: list[int], reads: list[list],
+                     makes: list[list], size: dict) -> list[list]:
+    """The first half of applying ``model`` to a walk of steps (``KernelModel`` says what it
+    models; ``hold_kernel_runs`` is the second): zero the size of the pointwise values its readers
+    compute inside them, and make those readers read the values' inputs instead. Independent of
+    the steps' order within a region, so it runs before a compiler's order is chosen.
 
     Per step: ``kinds`` its ``fusion_regions.KernelKind`` (None outside regions), ``heavy`` it uses
     one of ``model.heavy_on_cpu`` on CPU, ``region_of`` its region (-1: none), ``reads`` and
-    ``makes`` the storages it reads and allocates. Returns the steps' reads, updated; ``born``,
-    ``last_read`` and ``size`` (storage -> step allocated, step of last read, bytes) are updated
-    in place.
-    """
-    reads = inline_pointwise(model, kinds, heavy, region_of, reads, makes, size)
-    for at, read in enumerate(reads):
-        for storage in read:
-            last_read[storage] = max(last_read.get(storage, at), at)
-    hold_kernel_runs(kinds, region_of, reads, makes, born, last_read, size)
-    return reads
-
-
-def inline_pointwise(model: KernelModel, kinds: list, heavy: list[bool], region_of: list[int], reads: list[list],
-                     makes: list[list], size: dict) -> list[list]:
-    """Zero the size of the pointwise values ``model`` says their readers compute inside them, and
-    make those readers read the values' inputs instead (the arguments as ``compiled_kernels``'s).
-    Returns the steps' reads, updated. Independent of the steps' order within a region."""
+    ``makes`` the storages it reads and allocates; ``size``: storage -> bytes, updated in place.
+    Returns the steps' reads, updated (the caller's lists are not changed)."""
     readers: dict = {}
     for at, read in enumerate(reads):
         for storage in read:
@@ -477,9 +463,14 @@ def inline_pointwise(model: KernelModel, kinds: list, heavy: list[bool], region_
 
 def hold_kernel_runs(kinds: list, region_of: list[int], reads: list[list], makes: list[list], born: dict,
                      last_read: dict, size: dict) -> None:
-    """Hold what each run of fused ops between extern kernels reads to the run's end and allocate
-    what it hands on at the run's start (``KernelModel``; the arguments as ``compiled_kernels``'s,
-    updated in place)."""
+    """The second half (``inline_pointwise``), on the steps in the order they run: extend
+    ``last_read`` to the steps' ``reads``, then hold what each run of fused ops between extern
+    kernels reads to the run's end and allocate what it hands on at the run's start. ``born``,
+    ``last_read`` and ``size`` (storage -> step allocated, step of last read, bytes) are updated
+    in place."""
+    for at, read in enumerate(reads):
+        for storage in read:
+            last_read[storage] = max(last_read.get(storage, at), at)
     at = 0
     while at < len(kinds):  # runs of fused ops between extern kernels
         if kinds[at] in (None, KernelKind.EXTERN):
@@ -503,12 +494,6 @@ def hold_kernel_runs(kinds: list, region_of: list[int], reads: list[list], makes
         at += 1
 
 
-def _compiler_orders(regions: RegionModel, step_position: list[int], region_of: list[int], region: int) -> bool:
-    """The executor's compiler orders ``region``'s ops itself (``KernelModel.orders_convolution_regions``)."""
-    return bool(regions.kernels.orders_convolution_regions and regions.convolution
-                and any(regions.convolution[p] for p, r in zip(step_position, region_of) if r == region))
-
-
 def _compiler_order(ordered: list[int], region_of: list[int], reads: list[list], makes: list[list], writes: list,
                     born: dict, size: dict) -> list[int]:
     """The walk's steps in the order the compiler runs them: each region in ``ordered`` (its steps
@@ -518,11 +503,17 @@ def _compiler_order(ordered: list[int], region_of: list[int], reads: list[list],
     ``reads`` and ``makes``: per step, after ``inline_pointwise``; ``writes``: per step, the
     storage it writes in place, or None; ``born``: storage -> the step making it."""
     order = list(range(len(region_of)))
+    steps_of: dict[int, list[int]] = {region: [] for region in ordered}
+    last_reader: dict = {}  # storage -> the last step reading it
+    for at, (region, read) in enumerate(zip(region_of, reads)):
+        if region in steps_of:
+            steps_of[region].append(at)
+        for storage in read:
+            last_reader[storage] = at
     for region in ordered:
-        steps = [at for at, r in enumerate(region_of) if r == region]
+        steps = steps_of[region]
         first, last = steps[0], steps[-1]
         local = {at: i for i, at in enumerate(steps)}
-        read_after = {storage for at in range(last + 1, len(reads)) for storage in reads[at]}
         preds: list[set[int]] = [set() for _ in steps]
         for at in steps:
             for storage in reads[at]:
@@ -548,7 +539,7 @@ def _compiler_order(ordered: list[int], region_of: list[int], reads: list[list],
         # as the compiler sees it: the region's inputs are freed after their last reader in it
         # (the caller holds them, which adds the same bytes to every order), what is read after
         # the region is never freed
-        kept = frozenset(label[storage] for storage in label if storage in read_after)
+        kept = frozenset(number for storage, number in label.items() if last_reader.get(storage, -1) > last)
         chosen = _region_order(tuple(frozenset(p) for p in preds),
                                tuple(frozenset(label[s] for s in reads[at]) for at in steps),
                                tuple(frozenset(label[s] for s in makes[at]) for at in steps),

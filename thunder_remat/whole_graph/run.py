@@ -498,9 +498,10 @@ def convolution_cuts(trace, prologue, fusible, split: bool, kernels) -> _Ordered
     ``prologue``: its ``SavePassResult.prologue``.
 
     A region running a convolution is left whole because its compiler orders it itself, which the
-    estimate does not follow: on the zoo ConvNeXt, Inductor ran the stem's convolution before the
-    head's and last block's weight gradients, and cut before its first gradient convolution the
-    step measured 16-19% more (two shapes), though the trace's order estimated the cut 1-2% lower.
+    estimate follows only as modelled (``peak._compiler_order``): on the zoo ConvNeXt, Inductor ran
+    the stem's convolution before the head's and last block's weight gradients, and cut before its
+    first gradient convolution the step measured 16-19% more (two shapes), though the trace's
+    order estimated the cut 1-2% lower.
     So the whole regions are estimated with what none of their ops reads made at their end
     (``outputs_late``, the lowest they may hold; within 0.3% of ConvNeXt's measured peak), and
     the cut is taken only where it is lower still: a transformer whose only convolution is its
