@@ -79,7 +79,8 @@ class TorchCompileAdapter(FusionAdapter):
                            channels_last_convolutions_on_cpu=channels_last,
                            # the walk of such a region also applies Inductor's reorder_for_locality
                            # pass first (on by default; not read here)
-                           orders_convolution_regions=bool(inductor_config.reorder_for_peak_memory))
+                           orders_convolution_regions=bool(inductor_config.reorder_for_peak_memory),
+                           merges_same_computations=self.merges_same_computations)
 
     def keep_plan_order(self, bsym) -> None:
         """Regions with a convolution keep Inductor's order: it runs CPU convolutions as oneDNN

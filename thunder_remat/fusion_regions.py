@@ -13,12 +13,12 @@ from thunder.core.proxies import Proxy, TensorProxy
 from thunder.core.pytree import tree_flatten
 
 from thunder_remat.cost import value_bytes
-from thunder_remat.solvers.region_cuts import made_then_written, region_cuts, uncut_from
+from thunder_remat.solvers.region_cuts import apart_pairs, made_then_written, region_cuts, uncut_from
 from thunder_remat.storage import StorageMap, storage_map
 from thunder_remat.policies import contraction_kind
 from thunder_remat.trace_facts import TagReader, gradient_values, in_place_destination
 
-__all__ = ["RegionNames", "region_names", "same_computations", "to_keep_apart", "region_cut_positions", "written_after_made",
+__all__ = ["RegionNames", "region_names", "computation_signature", "equal_computations", "same_computations", "to_keep_apart", "region_cut_positions", "written_after_made",
            "KernelModel", "KernelKind", "kernel_kind", "runs_convolution", "gradient_convolutions",
            "uncut_convolutions"]
 
@@ -42,32 +42,54 @@ def region_names(bsyms: Sequence) -> RegionNames:
                        [tuple(p.name for p in bsym.flat_proxy_outs) for bsym in bsyms])
 
 
-def same_computations(bsyms: Sequence) -> list[tuple[int, int]]:
-    """Pairs ``(i, j)``, ``i < j``, of positions whose bound symbols compute the same values, ``i``
-    the latest before ``j``: the same op on the same inputs, an input being the same when it is
-    the same value or made by ops that are the same (a chain recomputed twice). In-place writes
-    are never the same computation."""
-    canonical: dict[str, str] = {}  # a value's name -> the name of the first value computed the same way
+def computation_signature(bsym) -> tuple[tuple, tuple[str, ...]] | None:
+    """(what makes ``bsym``'s op the op it is, its constants included; the names of the values it
+    reads, in argument order), or None for an op that is never the same computation as another:
+    an in-place write, or one making no tensor. Two ops compute the same values when their first
+    parts are equal and they read the same values (``equal_computations``)."""
+    if in_place_destination(bsym) is not None:
+        return None
+    if not any(isinstance(p, TensorProxy) for p in bsym.flat_proxy_outs):
+        return None
+    leaves, spec = tree_flatten((bsym.args, bsym.kwargs))
+    static = (bsym.sym.name, str(bsym.sym.id), str(spec),
+              tuple("value" if isinstance(x, Proxy) else ("constant", repr(x)) for x in leaves))
+    return static, tuple(x.name for x in leaves if isinstance(x, Proxy))
+
+
+def equal_computations(ops: Sequence) -> list[tuple[int, int]]:
+    """Pairs ``(i, j)``, ``i < j``, of ``ops`` computing the same values, ``i`` the latest before
+    ``j``. Each op: None (never the same as another), or (its ``computation_signature``'s first
+    part, the values it reads, the values it makes), values by any hashable name; a read value is
+    the same as another when it is, or when ops that are the same made them (a chain recomputed
+    twice)."""
+    canonical: dict = {}  # a value -> the first value computed the same way
     latest: dict[tuple, int] = {}
     pairs = []
-    for j, bsym in enumerate(bsyms):
-        if in_place_destination(bsym) is not None:
+    for j, op in enumerate(ops):
+        if op is None:
             continue
-        outs = list(bsym.flat_proxy_outs)
-        if not any(isinstance(p, TensorProxy) for p in outs):
-            continue
-        leaves, spec = tree_flatten((bsym.args, bsym.kwargs))
-        key = (bsym.sym.name, str(bsym.sym.id), str(spec),
-               tuple(("value", canonical.get(x.name, x.name)) if isinstance(x, Proxy) else ("constant", repr(x))
-                     for x in leaves))
+        static, reads, makes = op
+        key = (static, tuple(canonical.get(v, v) for v in reads))
         i = latest.get(key)
         latest[key] = j
         if i is None:
             continue
         pairs.append((i, j))
-        for mine, theirs in zip(outs, bsyms[i].flat_proxy_outs):
-            canonical[mine.name] = canonical.get(theirs.name, theirs.name)
+        for mine, theirs in zip(makes, ops[i][2]):
+            canonical[mine] = canonical.get(theirs, theirs)
     return pairs
+
+
+def same_computations(bsyms: Sequence) -> list[tuple[int, int]]:
+    """``equal_computations`` of a region's bound symbols: the same op on the same inputs, an
+    input being the same when it is the same value or made by ops that are the same. In-place
+    writes are never the same computation."""
+    ops = []
+    for bsym in bsyms:
+        signature = computation_signature(bsym)
+        ops.append(None if signature is None else (*signature, tuple(p.name for p in bsym.flat_proxy_outs)))
+    return equal_computations(ops)
 
 
 def region_cut_positions(bsyms: Sequence, inputs: Sequence, outputs: set[str], held: set[str],
@@ -130,24 +152,16 @@ def written_after_made(bsyms: Sequence, storages) -> set[int]:
 
 
 def to_keep_apart(bsyms: Sequence, outputs: set[str]) -> list[tuple[int, int, int]]:
-    """``(i, j, bytes)``: a cut after position ``i`` and before ``j`` of a region running ``bsyms``
-    and returning ``outputs`` (names) frees ``bytes``: ``j`` computes what an earlier op computed,
-    and nothing reads that earlier result (``bytes``) from ``i`` on (computing it once would hold
-    it until ``j``).
-    Views count too: a compiler that sees one view where the trace has two sees their readers read
-    the same buffer, and may fuse them into one kernel that runs at the earlier reader."""
+    """``solvers.region_cuts.apart_pairs`` of a region running ``bsyms`` and returning ``outputs``
+    (names), by name: views count too (a compiler that sees one view where the trace has two sees
+    their readers read the same buffer, and may fuse them into one kernel that runs at the
+    earlier reader)."""
     last_read: dict[str, int] = {}
     for k, bsym in enumerate(bsyms):
         for p in bsym.flat_proxy_args:
             last_read[p.name] = k
-    apart = []
-    for i, j in same_computations(bsyms):
-        made = {p.name: nbytes for p in bsyms[i].flat_proxy_outs
-                if isinstance(p, TensorProxy) and (nbytes := value_bytes(p))}
-        if not made or any(name in outputs or last_read.get(name, -1) >= j for name in made):
-            continue  # the first result lives past the second anyway: computing it once costs nothing
-        apart.append((max([i, *(last_read.get(name, i) for name in made)]), j, sum(made.values())))
-    return apart
+    made = [{p.name: value_bytes(p) for p in bsym.flat_proxy_outs if isinstance(p, TensorProxy)} for bsym in bsyms]
+    return apart_pairs(same_computations(bsyms), made, last_read, outputs)
 
 
 @dataclass(frozen=True)
@@ -181,6 +195,13 @@ class KernelModel:
     - ``channels_last_convolutions_on_cpu``: the compiler calls a 2-d CPU convolution on
       channels-last operands (Inductor's layout optimization with oneDNN), so the library's own
       workspace is that of channels-last operands (measured: ``kernel_workspace``).
+    - ``merges_same_computations``: the compiler computes two ops computing the same values once
+      and holds the result between them, unless a cut separates them; the split weighs cutting
+      there (``to_keep_apart``) where the regions run in the compiler's own order.
+    - ``own_order``: the regions compile in the compiler's own order, not the plan's (the fastest
+      plan: ``remat_keep_plan_order`` applies below it). The compiler then orders every region
+      as ``orders_convolution_regions`` says it orders one running a convolution, and the split
+      keeps same computations apart where ``merges_same_computations``. Chosen per compilation.
     """
 
     reads_threshold: int
@@ -190,6 +211,8 @@ class KernelModel:
     channels_last_convolutions_on_cpu: bool = False
     cut_before_gradient_convolutions: bool = False
     orders_convolution_regions: bool = False
+    merges_same_computations: bool = False
+    own_order: bool = False
 
 
 class KernelKind:

@@ -31,7 +31,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-__all__ = ["region_cuts", "made_then_written", "uncut_from"]
+__all__ = ["region_cuts", "apart_pairs", "made_then_written", "uncut_from"]
 
 
 def region_cuts(reads: Sequence[Sequence[str]], makes: Sequence[Sequence[str]], sizes: Mapping[str, int],
@@ -134,6 +134,22 @@ def _greedy_cuts(reads: Sequence[Sequence[str]], makes: Sequence[Sequence[str]],
                     freed[end] += nbytes
             open_spans = []
     return cuts
+
+
+def apart_pairs(same: Sequence[tuple[int, int]], made: Sequence[Mapping[str, int]], last_read: Mapping[str, int],
+                outputs: frozenset[str] | set[str]) -> list[tuple[int, int, int]]:
+    """The ``apart`` triples of ``region_cuts``: ``(i, j, bytes)``, a cut after op ``i`` and before
+    op ``j`` frees ``bytes``, for each pair in ``same`` (ops computing the same values, ``i < j``)
+    whose earlier results nothing reads from ``j`` on (computing them once would hold them until
+    ``j``). ``made``: per op, what it makes -> bytes (empty ones ignored); ``last_read``: value ->
+    the last op reading it; ``outputs``: what the region returns (alive after it anyway)."""
+    apart = []
+    for i, j in same:
+        results = {name: nbytes for name, nbytes in made[i].items() if nbytes}
+        if not results or any(name in outputs or last_read.get(name, -1) >= j for name in results):
+            continue  # the first result lives past the second anyway: computing it once costs nothing
+        apart.append((max([i, *(last_read.get(name, i) for name in results)]), j, sum(results.values())))
+    return apart
 
 
 def made_then_written(makes: Sequence[Sequence[str]], writes: Sequence[str | None]) -> set[int]:

@@ -18,10 +18,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import lru_cache
 
-from thunder_remat.fusion_regions import (KernelKind, KernelModel, kernel_kind, runs_convolution, uncut_convolutions,
-                                          uses_op)
+from thunder.core.proxies import TensorProxy
+
+from thunder_remat.cost import value_bytes
+
+from thunder_remat.fusion_regions import (KernelKind, KernelModel, computation_signature, equal_computations,
+                                          kernel_kind, runs_convolution, uncut_convolutions, uses_op)
 from thunder_remat.solvers.memory_order import OrderProblem, locality_order, lowest_greedy_order, renumbered
-from thunder_remat.solvers.region_cuts import made_then_written, region_cuts, uncut_from
+from thunder_remat.solvers.region_cuts import apart_pairs, made_then_written, region_cuts, uncut_from
 from thunder_remat.trace_facts import (TagReader, forward_storages, in_place_destination, is_backward, loss_outputs,
                                        trace_names)
 from thunder_remat.whole_graph.rewrite import COPY_PREFIX, CopySchedule
@@ -146,6 +150,10 @@ class RegionModel:
     (Inductor's extern kernels; its 2-d convolutions on channels-last operands where
     ``kernels.channels_last_convolutions_on_cpu``): the walk holds that workspace at the op's step
     (filled where ``kernels`` is known; in other regions a workspace is not counted).
+    ``signatures[position]``: (the op's ``fusion_regions.computation_signature`` if fused, the
+    names it reads, (name, bytes) of each tensor it makes), filled where the split keeps same
+    computations apart (``kernels.own_order`` and ``kernels.merges_same_computations``): the
+    walk's cuts weigh keeping them apart as the split's do, by value as the split sees them.
     """
 
     fusible: tuple[bool, ...]
@@ -157,6 +165,7 @@ class RegionModel:
     convolution: tuple[bool, ...] = ()
     library: tuple[bool, ...] = ()
     uncut_from: tuple[bool, ...] = ()
+    signatures: tuple = ()
 
     @property
     def forward_regions(self) -> bool:
@@ -193,8 +202,14 @@ def predict_regions(trace, fusible, split: bool = True, kernels: KernelModel | N
         heavy = tuple(bool(f and kernels.heavy_on_cpu and _on_cpu(bsym) and uses_op(bsym, kernels.heavy_on_cpu))
                       for bsym, f in zip(bsyms, fused))
         library = tuple(bool(f and _on_cpu(bsym) and measured_workspace(bsym)) for bsym, f in zip(bsyms, fused))
+    signatures = ()
+    if split and kernels is not None and kernels.own_order and kernels.merges_same_computations:
+        signatures = tuple((computation_signature(bsym) if f else None,
+                            tuple(p.name for p in bsym.flat_proxy_args),
+                            tuple((p.name, value_bytes(p)) for p in bsym.flat_proxy_outs if isinstance(p, TensorProxy)))
+                           for bsym, f in zip(bsyms, fused))
     return RegionModel(fused, tuple(is_backward(bsym) for bsym in bsyms), split, kernels, kinds, heavy, convolution,
-                       library, uncut_from)
+                       library, uncut_from, signatures)
 
 
 def estimate_schedule_peak(schedule: CopySchedule, storages: StorageMap | None = None,
@@ -259,6 +274,8 @@ def estimate_schedule_peak(schedule: CopySchedule, storages: StorageMap | None =
     step_fused: list[bool] = []  # per step: it runs in a fusion region the walk models
     step_backward: list[bool] = []  # per step: it belongs to the backward (a copy does)
     step_position: list[int] = []  # per step: the position of the bound symbol it runs
+    step_same: list = []  # per step: what makes it the same computation as another (``equal_computations``)
+    signatures = regions.signatures if regions is not None else ()
 
     def run(position: int, sources: dict, copy: int | None, fused: bool) -> None:
         """One step: the bound symbol at ``position`` reading ``sources`` (input name -> copy
@@ -312,6 +329,12 @@ def estimate_schedule_peak(schedule: CopySchedule, storages: StorageMap | None =
         step_fused.append(fused)
         step_backward.append(copy is not None or backward[position])
         step_position.append(position)
+        if signatures:  # values by (copy number or None, name)
+            signature, read, made = signatures[position]
+            values_read = tuple((sources.get(name), name) for name in read)
+            values_made = {(copy, name): nbytes for name, nbytes in made}
+            same = None if signature is None else (signature[0], values_read, tuple(values_made))
+            step_same.append((same, values_read, values_made))
 
     fusible = regions.fusible if regions is not None else (False,) * len(bsyms)
     backward = regions.backward if regions is not None else (False,) * len(bsyms)
@@ -334,14 +357,18 @@ def estimate_schedule_peak(schedule: CopySchedule, storages: StorageMap | None =
     uncut = [regions.uncut_from[p] for p in step_position] if regions is not None and regions.uncut_from else None
     cut_before = bool(regions is not None and regions.kernels and regions.kernels.cut_before_gradient_convolutions)
     region_of = _step_regions(step_fused, step_backward, step_reads, step_makes, step_outs, step_writes, last_read,
-                              size, regions is not None and regions.split, prologue_end, uncut, cut_before)
+                              size, regions is not None and regions.split, prologue_end, uncut, cut_before,
+                              step_same)
     walk_step = list(range(step))  # per step now: its step in the walk's order (moved by a compiler's order)
     if regions is not None and regions.kernels is not None:
         kinds = [regions.kinds[p] if region >= 0 else None for p, region in zip(step_position, region_of)]
         heavy = [regions.heavy[p] for p in step_position]
         step_reads = inline_pointwise(regions.kernels, kinds, heavy, region_of, step_reads, step_makes, size)
-        ordered = sorted({r for p, r in zip(step_position, region_of) if r >= 0 and regions.convolution[p]}) \
-            if regions.kernels.orders_convolution_regions and regions.convolution else ()
+        ordered = ()
+        if regions.kernels.orders_convolution_regions and regions.kernels.own_order:
+            ordered = sorted({r for r in region_of if r >= 0})
+        elif regions.kernels.orders_convolution_regions and regions.convolution:
+            ordered = sorted({r for p, r in zip(step_position, region_of) if r >= 0 and regions.convolution[p]})
         if ordered:
             walk_step = _compiler_order(ordered, region_of, step_reads, step_makes, step_writes, born, size)
             for per_step in (step_reads, step_makes, region_of, kinds, step_position, *([uncut] if uncut else [])):
@@ -381,7 +408,7 @@ def estimate_schedule_peak(schedule: CopySchedule, storages: StorageMap | None =
 
 def _step_regions(fused: list[bool], backward: list[bool], reads: list[list], makes: list[list], outs: list[list],
                   writes: list, last_read: dict, size: dict, split: bool, prologue_end: int | None = None,
-                  uncut: list[bool] | None = None, cut_before_uncut: bool = False) -> list[int]:
+                  uncut: list[bool] | None = None, cut_before_uncut: bool = False, same=()) -> list[int]:
     """The region each step runs in (-1: none): runs of consecutive fused steps of one trace
     (``backward``: per step, it belongs to the backward), each backward run cut where
     ``solvers.region_cuts`` cuts it (``split``), reading storages as a built region reads names,
@@ -389,8 +416,13 @@ def _step_regions(fused: list[bool], backward: list[bool], reads: list[list], ma
     cuts after the prologue; a run holding a step ``uncut`` marks is not cut, or with
     ``cut_before_uncut`` not from the step making the first such step's operands on
     (``region_cuts.uncut_from``); a forward run is not cut (``pairs.split`` cuts backward regions
-    only)."""
+    only). ``same``: per step, (its ``equal_computations`` entry, the values it reads, the values
+    it makes -> bytes), where the split keeps same computations apart (empty: it does not)."""
     region_of = [-1] * len(fused)
+    last_value_read: dict = {}  # where ``same`` is given: value -> the last step reading it
+    for at, (_, values_read, _) in enumerate(same):
+        for value in values_read:
+            last_value_read[value] = at
     region, k = -1, 0
     while k < len(fused):
         if not fused[k]:
@@ -414,8 +446,15 @@ def _step_regions(fused: list[bool], backward: list[bool], reads: list[list], ma
                 fixed |= uncut_from([reads[at] for at in range(start, k)], run_makes, uncut[start:k],
                                     cut_before_uncut)
             boundaries = (prologue_end - start,) if prologue_end is not None and start <= prologue_end < k else ()
+            apart = ()
+            if same:
+                last_local = {value: last_value_read.get(value, -1) - start for at in range(start, k)
+                              for value in same[at][2]}
+                apart = apart_pairs(equal_computations([same[at][0] for at in range(start, k)]),
+                                    [same[at][2] for at in range(start, k)], last_local,
+                                    {value for value, at in last_local.items() if at >= k - start})
             cuts = set(region_cuts([reads[at] for at in range(start, k)], run_makes, size, inputs, outputs,
-                                   fixed=fixed, boundaries=boundaries))
+                                   apart=apart, fixed=fixed, boundaries=boundaries))
         region += 1
         for local, at in enumerate(range(start, k)):
             region_of[at] = region

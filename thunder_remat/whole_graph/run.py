@@ -100,6 +100,10 @@ class SavePassResult(PassResult):
     #: cut before the making of their first gradient convolution's operands
     #: (``KernelModel.cut_before_gradient_convolutions``): estimated lower (``convolution_cuts``)
     cut_before_gradient_convolutions: bool = False
+    #: the fusion regions run the rewrite's order (``remat_keep_plan_order`` below the fastest
+    #: plan); else the executor's compiler orders each region itself, and the estimate follows it
+    #: (``KernelModel.own_order``)
+    plan_order_kept: bool = False
     #: the order the backward runs in: "trace" (as autograd emitted it and the rewrite placed its
     #: copies) or the name of one of ``whole_graph.reorder.ORDERS``
     backward_order: str = "trace"
@@ -293,9 +297,14 @@ def plan_saved_values(trace, config, *, zero3: bool = False, fusible=None, kerne
                                                 regions=regions)
         result.choice = choice
         result.reasons = plan_reasons(problem, choice.plan)
+        result.plan_order_kept = config.keep_plan_order and result.below_fastest
         reorder = config.reorder_backward and not regather
+        # the plan's regions as they will compile, and the fastest plan's as 1.0 compiles them
+        fastest_kernels = replace(kernels, own_order=True) if kernels is not None else None
+        if not result.plan_order_kept:
+            kernels = fastest_kernels
 
-        def in_run_order(option) -> _Rewrite:
+        def in_run_order(option, kernels=kernels) -> _Rewrite:
             with timings.stage("rewrite"):
                 new = build(option.schedule)
                 prologue = prologue_names(option.schedule, new)
@@ -310,7 +319,7 @@ def plan_saved_values(trace, config, *, zero3: bool = False, fusible=None, kerne
         rewrite = _lowest_rewrite((checkpoints, *(checkpoints.alternatives if reorder else ())), in_run_order)
         if reorder and walked is not None:
             rewrite = _held_at_fastest(rewrite, *walked, in_run_order, trace, problem, window=window, timings=timings,
-                                       regions=regions)
+                                       regions=regions, fastest_kernels=fastest_kernels)
         checkpoints, ordered, prologue = rewrite.checkpoints, rewrite.ordered, rewrite.prologue
         new, result.backward_order = ordered.trace, ordered.order
         _record_checkpoints(result, checkpoints)
@@ -336,13 +345,14 @@ def plan_saved_values(trace, config, *, zero3: bool = False, fusible=None, kerne
             ordered = replace(cut, order=result.backward_order)  # its storages and regions for the breakdown
             if result.peak_estimate is not None:
                 result.peak_estimate = cut.peak
-        if result.peak_estimate is not None:
-            with timings.stage("estimate"):  # the reorder's storages and regions of this trace, where it ran
-                if ordered.storages is not None:
-                    built = ordered.regions
-                else:
-                    built = predict_regions(new, fusible, config.split_regions, kernels) if fusible is not None else None
-                result.peak_at = peak_breakdown(new, built, prologue, ordered.storages)
+        with timings.stage("estimate"):  # the reorder's storages and regions of this trace, where it ran
+            if ordered.storages is not None:
+                built = ordered.regions
+            else:
+                built = predict_regions(new, fusible, config.split_regions, kernels) if fusible is not None else None
+            result.peak_at = peak_breakdown(new, built, prologue, ordered.storages)
+        if result.peak_estimate is None:  # no search estimated it (the fastest plan): the rewrite's walk
+            result.peak_estimate = result.peak_at.peak
         changed = result.copied_ops or result.backward_order != "trace"
         result.status = PassStatus.REWRITTEN if changed else PassStatus.UNCHANGED
     except Exception as exc:  # containment: leave the trace as Thunder made it
@@ -433,7 +443,7 @@ def _lowest_rewrite(options, in_run_order) -> _Rewrite:
 
 
 def _held_at_fastest(rewrite: _Rewrite, fastest, chosen, in_run_order, trace, problem: SaveProblem, *, window,
-                     timings, regions) -> _Rewrite:
+                     timings, regions, fastest_kernels) -> _Rewrite:
     """``rewrite`` (of the walk's ``chosen`` step), or, where the fastest plan's rewrite (the walk's
     first step, ``fastest``) is estimated lower once each backward runs in its own order, the
     chosen plan holding it if that is lower.
@@ -445,7 +455,7 @@ def _held_at_fastest(rewrite: _Rewrite, fastest, chosen, in_run_order, trace, pr
     backward does: about its peak, with the saved bytes of the budget."""
     if rewrite.ordered.peak is None:
         return rewrite
-    top = in_run_order(fastest.checkpoints)
+    top = in_run_order(fastest.checkpoints, fastest_kernels)
     if top.ordered.peak is None or rewrite.ordered.peak <= top.ordered.peak:
         return rewrite
     best = rewrite
