@@ -1107,3 +1107,81 @@ def test_the_compilers_order_keeps_a_write_in_place_between_the_reads_before_and
     order = _compiler_order([0], [0, 0, 0, 0, 0, -1], reads, makes, writes, born, size)
     assert order[5] == 5 and sorted(order[:5]) == [0, 1, 2, 3, 4]
     assert order.index(1) < order.index(2) < order.index(4)
+
+
+@pytest.mark.unit
+def test_where_the_compiler_orders_every_region_the_walk_orders_every_region():
+    """At the fastest plan the regions compile in the compiler's own order
+    (``KernelModel.own_order``): every region is walked in the order Inductor would choose, not only
+    those running a convolution. The backward of the previous test with a matmul in the
+    convolution's place: walked in the trace's order while the plan's order is kept (5 values at
+    the peak), in the compiler's once it is not (4)."""
+    import thunder.torch as ltorch
+
+    from builders import joint_trace
+    from thunder_remat.fusion_regions import KernelModel
+    from thunder_remat.whole_graph.peak import estimate_peak_bytes, predict_regions
+
+    def forward(x, w):
+        return ltorch.matmul(x, w)
+
+    def backward(x, w, out, g):
+        early = ltorch.matmul(x, w)  # ready at once, read only by the return
+        a = ltorch.cumsum(g, 0)
+        b = ltorch.cumsum(a, 1)
+        return ltorch.cumsum(b, 2), early
+
+    trace = joint_trace(forward, backward, [("x", 2, 4, 16, 16), ("w", 16, 16)])
+    size = 2 * 4 * 16 * 16 * 4
+    peaks = {}
+    for own in (False, True):
+        kernels = KernelModel(reads_threshold=4, accumulated_reads_threshold=8, orders_convolution_regions=True,
+                              own_order=own)
+        peaks[own] = estimate_peak_bytes(trace, predict_regions(trace, lambda bsym: True, True, kernels))
+    assert peaks == {False: 5 * size, True: 4 * size}
+
+
+@pytest.mark.unit
+def test_where_the_compiler_merges_same_computations_the_walk_cuts_them_apart_as_the_split_does():
+    """The backward of a joint trace computes exp(x) and its sin twice (a recomputation for a far
+    reader), as in ``test_a_value_computed_twice_in_a_region_is_kept_apart_when_the_first_dies_before_the_second``,
+    and reads the forward's row sums ``s`` (256 B) between the two. Where the regions compile in the
+    compiler's own order and it merges same computations, the split cuts the backward region
+    between the two (``to_keep_apart``), which frees ``s`` there; the walk predicts that cut, by
+    value as the split sees them, and estimates 256 B less. Not merged, or with the plan's order
+    kept, the region is not cut: what crosses the cut outweighs ``s``."""
+    import thunder.torch as ltorch
+
+    from builders import joint_trace
+    from thunder_remat.fusion_regions import KernelModel, region_cut_positions
+    from thunder_remat.whole_graph.peak import estimate_peak_bytes, predict_regions
+
+    made = {}
+
+    def forward(x):
+        made["s"] = ltorch.sum(x, 1)
+        return ltorch.mul(ltorch.exp(x), ltorch.unsqueeze(made["s"], 1))
+
+    def backward(x, out, g):
+        c = ltorch.add(ltorch.sum(ltorch.sin(ltorch.exp(x)), 1), made["s"])
+        d = ltorch.add(ltorch.sin(ltorch.exp(x)), ltorch.unsqueeze(c, 1))
+        return (ltorch.mul(d, g),)
+
+    trace = joint_trace(forward, backward, [("x", 64, 8)])
+    bsyms = trace.bound_symbols
+    start = next(k for k, b in enumerate(bsyms) if b.sym.name == "get_grad")
+    region = bsyms[start + 1:-1]
+    x, s, g = trace.args[0], made["s"], bsyms[start].output
+    inputs, returned = [x, s, g], {region[-1].output.name}
+    assert region_cut_positions(region, inputs, returned, held={x.name}, keep_apart=True) == [3]
+    assert region_cut_positions(region, inputs, returned, held={x.name}, keep_apart=False) == []
+
+    fusible = lambda bsym: bsym.sym.name not in ("get_grad", "python_return", "unpack_trivial")  # noqa: E731
+    # the pointwise thresholds at 0: every value is written, so the walk sees what each piece holds
+    estimates = {}
+    for own, merges in ((False, True), (True, False), (True, True)):
+        kernels = KernelModel(reads_threshold=0, accumulated_reads_threshold=0, own_order=own,
+                              merges_same_computations=merges)
+        estimates[own, merges] = estimate_peak_bytes(trace, predict_regions(trace, fusible, True, kernels))
+    assert estimates[False, True] == estimates[True, False] == 4608
+    assert estimates[True, True] == 4608 - 256

@@ -73,11 +73,12 @@ class RematFusionExecutor(FusionExecutor):
         Then, below the fastest plan, every region is set to run in the rewritten order
         (``remat_keep_plan_order``: a compiler that reorders would compute early and hold what
         the plan recomputes late; at the fastest plan the regions compile as Thunder compiles them,
-        where the order settings measured up to 9% more peak: docs/benchmarks.md)."""
+        where the order settings measured up to 9% more peak: docs/benchmarks.md). The plan
+        decided which (``SavePassResult.plan_order_kept``) and estimated its peak that way."""
         if not self.config.enabled:
             return trace
         session = stashed_now("session") or RematSession()
-        keep_order = self.config.keep_plan_order and session.planned_below_fastest
+        keep_order = session.plan_order_kept
         trace = self._pairs_and_cuts(trace, session, keep_order)
         if keep_order:
             for bsym in trace.bound_symbols:
@@ -127,12 +128,13 @@ def expected_regions(trace, executors, split: bool = True, plan=None):
     """The ``whole_graph.peak.RegionModel`` the plan of a compilation with ``executors`` expects
     for ``trace`` (a joint trace, e.g. ``last_save_plan(jm).trace``); None if none of them fuses.
     ``plan``: that compilation's ``SavePassResult``, whose choices of regions it follows (where
-    regions running convolutions are cut)."""
+    regions running convolutions are cut, whether they run the plan's order)."""
     from thunder_remat.whole_graph.peak import predict_regions
 
     fusible, kernels = _fusion_facts([ex for ex in executors if isinstance(ex, FusionExecutor)])
-    if kernels is not None and plan is not None and plan.cut_before_gradient_convolutions:
-        kernels = replace(kernels, cut_before_gradient_convolutions=True)
+    if kernels is not None and plan is not None:
+        kernels = replace(kernels, cut_before_gradient_convolutions=plan.cut_before_gradient_convolutions,
+                          own_order=not plan.plan_order_kept)
     return predict_regions(trace, fusible, split, kernels) if fusible is not None else None
 
 
@@ -169,6 +171,7 @@ def plan_joint_trace(trace, executor: RematFusionExecutor):
     planned = result.status is not PassStatus.FAILED
     stash("session", replace(session, saved_set_planned=planned,
                              planned_below_fastest=planned and result.below_fastest,
+                             plan_order_kept=planned and result.plan_order_kept,
                              prologue=result.prologue,
                              cut_before_gradient_convolutions=planned and result.cut_before_gradient_convolutions))
     record_provenance(result.provenance())

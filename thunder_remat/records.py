@@ -102,9 +102,10 @@ class RematSession:
     saved_set_planned: bool = False
     #: that plan is below the fastest (a fraction under 1.0 or a peak budget): it also placed where
     #: the backward computes each value and was chosen by its estimated peak with the backward's
-    #: regions as they are, so pairs between backward regions are left as they are, and regions
-    #: run in the rewritten order (``remat_keep_plan_order``)
+    #: regions as they are, so pairs between backward regions are left as they are
     planned_below_fastest: bool = False
+    #: the regions run in the rewritten order (the plan's ``SavePassResult.plan_order_kept``)
+    plan_order_kept: bool = False
     #: names the rewritten backward makes when it starts (checkpoints made early: the plan's
     #: ``SavePassResult.prologue``): a backward region is cut after the last of them, so that
     #: the regions after hold them as inputs, as they would hold the saved values they stand for
