@@ -452,7 +452,9 @@ def _held_at_fastest(rewrite: _Rewrite, fastest, chosen, in_run_order, trace, pr
     after, and lowers some rewrites more than others (the fastest plan of GPT-J by 13%, its 0.5
     plan by 5%), so a plan below the fastest could peak above it. Holding the fastest plan's
     rewrite recomputes, when the backward starts, what that plan saves, and runs the rest as its
-    backward does: about its peak, with the saved bytes of the budget."""
+    backward does: about its peak, with the saved bytes of the budget. ``fastest_kernels``: the
+    kernel model of the regions as 1.0 compiles them (in the compiler's own order), for the
+    fastest plan's estimate; the held rewrites compile below it, as ``in_run_order`` estimates."""
     if rewrite.ordered.peak is None:
         return rewrite
     top = in_run_order(fastest.checkpoints, fastest_kernels)
