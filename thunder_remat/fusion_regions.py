@@ -160,8 +160,10 @@ def to_keep_apart(bsyms: Sequence, outputs: set[str]) -> list[tuple[int, int, in
     for k, bsym in enumerate(bsyms):
         for p in bsym.flat_proxy_args:
             last_read[p.name] = k
-    made = [{p.name: value_bytes(p) for p in bsym.flat_proxy_outs if isinstance(p, TensorProxy)} for bsym in bsyms]
-    return apart_pairs(same_computations(bsyms), made, last_read, outputs)
+    same = same_computations(bsyms)
+    made = {i: {p.name: value_bytes(p) for p in bsyms[i].flat_proxy_outs if isinstance(p, TensorProxy)}
+            for i, _ in same}
+    return apart_pairs(same, made, last_read, outputs)
 
 
 @dataclass(frozen=True)

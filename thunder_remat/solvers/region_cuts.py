@@ -136,12 +136,14 @@ def _greedy_cuts(reads: Sequence[Sequence[str]], makes: Sequence[Sequence[str]],
     return cuts
 
 
-def apart_pairs(same: Sequence[tuple[int, int]], made: Sequence[Mapping[str, int]], last_read: Mapping[str, int],
+def apart_pairs(same: Sequence[tuple[int, int]], made: Mapping[int, Mapping[str, int]] | Sequence[Mapping[str, int]],
+                last_read: Mapping[str, int],
                 outputs: frozenset[str] | set[str]) -> list[tuple[int, int, int]]:
     """The ``apart`` triples of ``region_cuts``: ``(i, j, bytes)``, a cut after op ``i`` and before
     op ``j`` frees ``bytes``, for each pair in ``same`` (ops computing the same values, ``i < j``)
     whose earlier results nothing reads from ``j`` on (computing them once would hold them until
-    ``j``). ``made``: per op, what it makes -> bytes (empty ones ignored); ``last_read``: value ->
+    ``j``). ``made``: per op (at least each pair's first), what it makes -> bytes (empty ones
+    ignored); ``last_read``: value ->
     the last op reading it; ``outputs``: what the region returns (alive after it anyway)."""
     apart = []
     for i, j in same:

@@ -21,7 +21,6 @@ from functools import lru_cache
 from thunder.core.proxies import TensorProxy
 
 from thunder_remat.cost import value_bytes
-
 from thunder_remat.fusion_regions import (KernelKind, KernelModel, computation_signature, equal_computations,
                                           kernel_kind, runs_convolution, uncut_convolutions, uses_op)
 from thunder_remat.solvers.memory_order import OrderProblem, locality_order, lowest_greedy_order, renumbered
@@ -185,10 +184,12 @@ class RegionModel:
         return not self.fuses_any or (self.kernels is not None and not any(self.convolution))
 
 
-def predict_regions(trace, fusible, split: bool = True, kernels: KernelModel | None = None) -> RegionModel:
+def predict_regions(trace, fusible, split: bool = True, kernels: KernelModel | None = None,
+                    signatures_of: dict | None = None) -> RegionModel:
     """The ``RegionModel`` of a joint trace: ``fusible`` is the fusion executor's ``can_fuse``
     (Thunder fuses the joint trace after thunder_remat's rewrite); ``kernels``: its adapter's
-    ``kernel_model()``."""
+    ``kernel_model()``. ``signatures_of``: the ``RegionModel.signatures`` entries already read, by
+    bound symbol (``id``), filled in place: orders of one trace's bound symbols share them."""
     bsyms = trace.bound_symbols
     fused = tuple(bool(fusible(bsym)) for bsym in bsyms)
     kinds, heavy, convolution, library, uncut_from = (), (), (), (), ()
@@ -204,10 +205,14 @@ def predict_regions(trace, fusible, split: bool = True, kernels: KernelModel | N
         library = tuple(bool(f and _on_cpu(bsym) and measured_workspace(bsym)) for bsym, f in zip(bsyms, fused))
     signatures = ()
     if split and kernels is not None and kernels.own_order and kernels.merges_same_computations:
-        signatures = tuple((computation_signature(bsym) if f else None,
-                            tuple(p.name for p in bsym.flat_proxy_args),
-                            tuple((p.name, value_bytes(p)) for p in bsym.flat_proxy_outs if isinstance(p, TensorProxy)))
-                           for bsym, f in zip(bsyms, fused))
+        known = {} if signatures_of is None else signatures_of
+        for bsym, f in zip(bsyms, fused):
+            if (id(bsym), f) not in known:
+                known[id(bsym), f] = (computation_signature(bsym) if f else None,
+                                      tuple(p.name for p in bsym.flat_proxy_args),
+                                      tuple((p.name, value_bytes(p)) for p in bsym.flat_proxy_outs
+                                            if isinstance(p, TensorProxy)))
+        signatures = tuple(known[id(bsym), f] for bsym, f in zip(bsyms, fused))
     return RegionModel(fused, tuple(is_backward(bsym) for bsym in bsyms), split, kernels, kinds, heavy, convolution,
                        library, uncut_from, signatures)
 
@@ -364,11 +369,9 @@ def estimate_schedule_peak(schedule: CopySchedule, storages: StorageMap | None =
         kinds = [regions.kinds[p] if region >= 0 else None for p, region in zip(step_position, region_of)]
         heavy = [regions.heavy[p] for p in step_position]
         step_reads = inline_pointwise(regions.kernels, kinds, heavy, region_of, step_reads, step_makes, size)
-        ordered = ()
-        if regions.kernels.orders_convolution_regions and regions.kernels.own_order:
-            ordered = sorted({r for r in region_of if r >= 0})
-        elif regions.kernels.orders_convolution_regions and regions.convolution:
-            ordered = sorted({r for p, r in zip(step_position, region_of) if r >= 0 and regions.convolution[p]})
+        own = regions.kernels.own_order  # the compiler orders every region, else those running a convolution
+        ordered = sorted({r for p, r in zip(step_position, region_of) if r >= 0 and (own or regions.convolution[p])}) \
+            if regions.kernels.orders_convolution_regions and (own or regions.convolution) else ()
         if ordered:
             walk_step = _compiler_order(ordered, region_of, step_reads, step_makes, step_writes, born, size)
             for per_step in (step_reads, step_makes, region_of, kinds, step_position, *([uncut] if uncut else [])):

@@ -482,7 +482,8 @@ def _lowest_peak_order(trace, prologue, fusible, kernels, split: bool) -> _Order
     less, and another order forms other regions (nvFuser at trace level: up to 35% more bytes
     crossing between regions; zoo ResNet with Inductor: 4.8% more measured peak;
     docs/whole-graph.md)."""
-    own_regions = predict_regions(trace, fusible, split, kernels) if fusible is not None else None
+    signatures_of: dict = {}  # the orders share the trace's bound symbols
+    own_regions = predict_regions(trace, fusible, split, kernels, signatures_of) if fusible is not None else None
     if own_regions is not None and not own_regions.memory_modelled:
         return _Ordered(trace, None, "trace")
     # an order of the same bound symbols shares the trace's storages (nothing moves across an
@@ -494,7 +495,7 @@ def _lowest_peak_order(trace, prologue, fusible, kernels, split: bool) -> _Order
         if candidate is trace:
             regions = own_regions
         else:
-            regions = predict_regions(candidate, fusible, split, kernels) if fusible is not None else None
+            regions = predict_regions(candidate, fusible, split, kernels, signatures_of) if fusible is not None else None
         predicted.append((candidate, regions))
         return estimate_peak_bytes(candidate, regions, prologue, storages)
 
