@@ -820,6 +820,46 @@ def test_torch_compile_regions_run_in_the_order_the_rewrite_placed_their_ops():
                 torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-4)
 
 
+@pytest.mark.jit
+@pytest.mark.inductor
+def test_below_the_fastest_plan_regions_compile_in_the_order_estimated_lower():
+    """Below the fastest plan, each compilation takes the plan's order (``remat_keep_plan_order``)
+    or Inductor's own, whichever the estimate walks lower: the tiny GPT at 0.15 in Inductor's
+    order (24,832 B; the plan's order is not lower), at 0.05 in the plan's (24,896 B against
+    28,672 B in Inductor's). The compiled step's allocator peak is within 5% of the estimate of
+    the order it runs in, its regions carry no settings of thunder_remat, gradients equal eager."""
+    from thunder.executors.torch_compile import torch_compile_ex
+
+    from helpers import joint_trace
+
+    from thunder_remat.config import RematConfig
+    from thunder_remat.executors import adapter_for
+    from thunder_remat.executors.torch_compile import DeferredRegion
+    from thunder_remat.models import build_model, example_batch
+    from thunder_remat.whole_graph.run import plan_saved_values
+
+    kernels = adapter_for(torch_compile_ex).kernel_model()
+    torch.manual_seed(0)
+    model = build_model("gpt", "tiny")
+    trace, _ = joint_trace(model, (example_batch(model),), executors=[torch_compile_ex])
+
+    def planned(budget, keep):
+        result = plan_saved_values(trace, RematConfig(memory_budget=budget, keep_plan_order=keep),
+                                   fusible=torch_compile_ex.can_fuse, kernels=kernels)
+        return result.plan_order_kept, result.peak_estimate
+
+    assert planned(0.15, True) == planned(0.15, False) == (False, 24832)
+    assert planned(0.05, True) == (True, 24896) and planned(0.05, False) == (False, 28672)
+    plan, peak, grads, jm = _step("gpt", [torch_compile_ex], with_jitted=True, remat_memory_budget=0.15)
+    assert (plan.plan_order_kept, plan.peak_estimate) == (False, 24832)
+    assert abs(peak - plan.peak_estimate) <= 0.05 * peak, (plan.peak_estimate, peak)
+    regions = [b._call_ctx[b.sym.name] for t in (thunder.last_traces(jm)[-1], thunder.last_backward_traces(jm)[-1])
+               for b in t.bound_symbols if b.sym.is_fusion]
+    assert regions and all(isinstance(r, DeferredRegion) and r.inductor_options is None for r in regions)
+    for got, want in zip(grads, _eager_gradients("gpt")):
+        torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-4)
+
+
 @pytest.mark.unit
 def test_a_region_with_a_convolution_keeps_inductors_order():
     """``keep_plan_order`` sets Inductor's settings on a region without a convolution and leaves a
