@@ -58,9 +58,9 @@ class RematConfig:
     #: Below the fastest plan, compile fusion regions so that the executor keeps the order the
     #: rewrite chose where it would otherwise move ops (torch.compile: no horizontal fusion, no
     #: reordering for locality or peak memory; they compute a value the plan computes again for a
-    #: far reader with its first computation and hold it in between). Regions with a convolution
-    #: keep Inductor's order. False: the executor's own choices (the step's peak may then exceed
-    #: the estimate).
+    #: far reader with its first computation and hold it in between), unless the step-peak
+    #: estimate walks the executor's own order lower for that plan. Regions with a convolution
+    #: keep Inductor's order. False: the executor's own choices always.
     keep_plan_order: bool = True
     #: Run the backward in the order, of a few that compute the same values, with the lowest
     #: estimated step peak (the trace's own order included; see thunder_remat.whole_graph.reorder).
