@@ -323,7 +323,7 @@ def plan_saved_values(trace, config, *, zero3: bool = False, fusible=None, kerne
             return made
 
         rewrite = rewritten(kernels if keep else fastest_kernels)
-        if keep and kernels is not None:
+        if keep and kernels is not None and rewrite.ordered.peak is not None:  # else neither order is estimated
             rewrite, keep = _kept_or_own_order(rewrite, rewritten(fastest_kernels))
         result.plan_order_kept = keep
         own_order = not keep and kernels is not None
@@ -491,9 +491,10 @@ def _kept_or_own_order(kept: _Rewrite, own: _Rewrite) -> tuple[_Rewrite, bool]:
     computation of it and holding it until the far reader; its own order also lowers what a
     region holds in other ways (the zoo BERT at 0.5: 375 kB in the plan's order, 358 kB in
     Inductor's, measured and estimated alike). The estimate models both (``KernelModel.own_order``),
-    so each plan compiles in the one estimated lower. Without an estimate of both (a region with a
-    convolution: ``RegionModel.memory_modelled``), the plan's order is kept."""
-    if own.ordered.peak is None or kept.ordered.peak is None or own.ordered.peak >= kept.ordered.peak:
+    so each plan compiles in the one estimated lower. ``kept`` is estimated (where it is not, a
+    region with a convolution: ``RegionModel.memory_modelled``, neither is, and the plan's order is
+    kept without building ``own``)."""
+    if own.ordered.peak is None or own.ordered.peak >= kept.ordered.peak:
         return kept, True
     log.info("regions compiled in the compiler's own order: est. step peak %d B, %d B in the plan's",
              own.ordered.peak, kept.ordered.peak)
