@@ -18,9 +18,9 @@ from thunder_remat.storage import StorageMap, storage_map
 from thunder_remat.policies import contraction_kind
 from thunder_remat.trace_facts import TagReader, gradient_values, in_place_destination
 
-__all__ = ["RegionNames", "region_names", "computation_signature", "equal_computations", "same_computations", "to_keep_apart", "region_cut_positions", "written_after_made",
-           "KernelModel", "KernelKind", "kernel_kind", "runs_convolution", "gradient_convolutions",
-           "uncut_convolutions"]
+__all__ = ["RegionNames", "region_names", "computation_signature", "equal_computations", "same_computations",
+           "to_keep_apart", "region_cut_positions", "written_after_made", "KernelModel", "KernelKind", "kernel_kind",
+           "runs_convolution", "gradient_convolutions", "uncut_convolutions"]
 
 
 @dataclass(frozen=True)

@@ -302,24 +302,40 @@ def plan_saved_values(trace, config, *, zero3: bool = False, fusible=None, kerne
         # the plan's regions as they will compile, and the fastest plan's as 1.0 compiles them
         fastest_kernels = replace(kernels, own_order=True) if kernels is not None else None
 
+        built: dict = {}  # id(option) -> (option, its rewrite, its prologue): the same in either region order
+        estimated: dict = {}  # (id(option), kernels) -> its _Rewrite
+        held: list = []  # the chosen plan holding the fastest plan's rewrite: its options, made once
+
         def in_run_order(option, kernels) -> _Rewrite:
-            with timings.stage("rewrite"):
-                new = build(option.schedule)
-                prologue = prologue_names(option.schedule, new)
-                if regather:
-                    new = prefetch_regathers(new, config.fsdp_prefetch, option.schedule.copy_positions())
+            if (id(option), kernels) in estimated:
+                return estimated[id(option), kernels]
+            if id(option) not in built:
+                with timings.stage("rewrite"):
+                    new = build(option.schedule)
+                    prologue = prologue_names(option.schedule, new)
+                    if regather:
+                        new = prefetch_regathers(new, config.fsdp_prefetch, option.schedule.copy_positions())
+                built[id(option)] = (option, new, prologue)
+            _, new, prologue = built[id(option)]
             ordered = _Ordered(new, None, "trace")
             if reorder:
                 with timings.stage("estimate"):
                     ordered = _lowest_peak_order(new, prologue, fusible, kernels, config.split_regions)
-            return _Rewrite(option, ordered, prologue)
+            made = estimated[id(option), kernels] = _Rewrite(option, ordered, prologue)
+            return made
+
+        def held_options() -> list:
+            if not held:
+                fastest, chosen = walked
+                held.append(held_rewrites(trace, problem, chosen, fastest, window=window, timings=timings,
+                                          regions=regions))
+            return held[0]
 
         def rewritten(kernels) -> _Rewrite:
             made = _lowest_rewrite((checkpoints, *(checkpoints.alternatives if reorder else ())),
                                    lambda option: in_run_order(option, kernels))
             if reorder and walked is not None:
-                made = _held_at_fastest(made, *walked, in_run_order, trace, problem, window=window, timings=timings,
-                                        regions=regions, kernels=kernels, fastest_kernels=fastest_kernels)
+                made = _held_at_fastest(made, walked[0], held_options, in_run_order, kernels, fastest_kernels)
             return made
 
         rewrite = rewritten(kernels if keep else fastest_kernels)
@@ -452,11 +468,11 @@ def _lowest_rewrite(options, in_run_order) -> _Rewrite:
     return best
 
 
-def _held_at_fastest(rewrite: _Rewrite, fastest, chosen, in_run_order, trace, problem: SaveProblem, *, window,
-                     timings, regions, kernels, fastest_kernels) -> _Rewrite:
-    """``rewrite`` (of the walk's ``chosen`` step), or, where the fastest plan's rewrite (the walk's
-    first step, ``fastest``) is estimated lower once each backward runs in its own order, the
-    chosen plan holding it if that is lower.
+def _held_at_fastest(rewrite: _Rewrite, fastest, held_options, in_run_order, kernels, fastest_kernels) -> _Rewrite:
+    """``rewrite`` (of the frontier walk's chosen step), or, where the fastest plan's rewrite (the
+    walk's first step, ``fastest``) is estimated lower once each backward runs in its own order,
+    the chosen plan holding it (``held_options()``: ``frontier_walk.held_rewrites``) if that is
+    lower.
 
     The walk compares plans by estimates in the trace's order; the backward's order is chosen
     after, and lowers some rewrites more than others (the fastest plan of GPT-J by 13%, its 0.5
@@ -472,7 +488,7 @@ def _held_at_fastest(rewrite: _Rewrite, fastest, chosen, in_run_order, trace, pr
     if top.ordered.peak is None or rewrite.ordered.peak <= top.ordered.peak:
         return rewrite
     best = rewrite
-    for option in held_rewrites(trace, problem, chosen, fastest, window=window, timings=timings, regions=regions):
+    for option in held_options():
         made = in_run_order(option, kernels)
         if made.ordered.peak is not None and made.ordered.peak < best.ordered.peak:
             best = made
